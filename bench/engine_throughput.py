@@ -1,0 +1,916 @@
+"""Engine throughput: our engine vs HF static batching vs HF continuous batching, same workload.
+
+Run from the repository root:
+
+    .venv/bin/python bench/engine_throughput.py                      # standard workload
+    .venv/bin/python bench/engine_throughput.py --num-requests 8 --max-prompt 64 --max-output 16
+
+Each (system, mode) pair runs in its own fresh interpreter, one after the other, so peak RSS is
+per system and no system warms caches or steals cores from another. The parent only builds the
+workload (token ids, shared by all systems), collects the children's JSON and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import hashlib
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
+    sys.path.insert(0, str(ROOT))
+
+from bench.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
+
+SYSTEMS = ("engine", "hf_static", "hf_batch")
+ONLINE_SYSTEMS = ("engine", "hf_batch")
+HF_PAGE_SIZE = 256  # transformers' default ContinuousBatchingConfig.page_size
+HEAD_TOKENS = 16  # output tokens per request kept to compare greedy outputs across systems
+STANDARD = {"num_requests": 64, "max_prompt": 512, "max_output": 256, "seed": 0}
+
+# Llama-3.2-1B's shape with SmolLM2's vocabulary, so SmolLM2's tokenizer can drive it.
+MODEL_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-1b": {
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "intermediate_size": 8192,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+    },
+}
+
+
+# ----------------------------------------------------------------------------- model helpers
+
+
+def model_dtype_name(device: str) -> str:
+    """float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
+    return "bfloat16" if device.startswith("cuda") else "float32"
+
+
+def dtype_bytes(dtype_name: str) -> int:
+    """Element size of the runtime dtype, for KV and weight byte counts."""
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype_name]
+
+
+def kv_bytes_per_token(model_path: Path, dtype_name: str) -> int:
+    """K and V bytes one token occupies across all layers."""
+    cfg = json.loads((model_path / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes(dtype_name)
+
+
+def weight_bytes_read_per_step(model_path: Path, dtype_name: str) -> int:
+    """Bytes of weights one decode step streams: every matrix once, minus the embedding lookup.
+
+    With tied embeddings the LM head reads the (single stored) embedding matrix, so it counts.
+    """
+    from safetensors import safe_open
+
+    cfg = json.loads((model_path / "config.json").read_text())
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    numel = 0
+    for file in sorted(model_path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                n = math.prod(f.get_slice(name).get_shape())
+                if name.endswith("embed_tokens.weight") and not tied:
+                    continue  # only a few rows are gathered per step
+                numel += n
+    return numel * dtype_bytes(dtype_name)
+
+
+def build_random_model(name: str, base: Path) -> Path:
+    """Write a Llama-shaped checkpoint with random bf16 weights (cached; same config, same files).
+
+    Weights are drawn directly in bf16 from a seeded generator on CPU, so no CUDA context is
+    created in the parent process (it would skew the children's GPU memory sizing).
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from workers.model_files import cache_root
+
+    spec = MODEL_CONFIGS[name]
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    out = cache_root() / "bench" / f"{name}-random-{digest}"
+    if (out / "model.safetensors").is_file():
+        return out
+    base_cfg = json.loads((base / "config.json").read_text())
+    config = LlamaConfig(
+        **spec,
+        bos_token_id=base_cfg.get("bos_token_id"),
+        eos_token_id=base_cfg.get("eos_token_id"),
+        pad_token_id=base_cfg.get("pad_token_id"),
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    config.dtype = "bfloat16"
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    tensors: dict[str, torch.Tensor] = {}
+    for key, shape in shapes.items():
+        if key == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        t = torch.empty(shape, dtype=torch.bfloat16)
+        if key.endswith("norm.weight"):
+            t.fill_(1.0)
+        else:
+            t.normal_(0.0, 0.02, generator=gen)
+        tensors[key] = t
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(tmp)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for f in base.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
+            shutil.copy2(f, tmp / f.name)
+    if out.exists():  # another run finished first
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class RequestStat:
+    """What one request produced and when; times in seconds, None where not measurable."""
+
+    tokens: int
+    expected: int
+    ttft: float | None = None
+    tpot: float | None = None
+    latency: float | None = None
+    head: list[int] | None = None
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in 0..100); None for an empty list."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(stats: list[RequestStat], wall: float) -> dict[str, Any]:
+    """Throughput counts only useful tokens (≤ each request's max_tokens): waste is not work."""
+    useful = sum(min(s.tokens, s.expected) for s in stats)
+    ttfts = [s.ttft for s in stats if s.ttft is not None]
+    tpots = [s.tpot for s in stats if s.tpot is not None]
+    lats = [s.latency for s in stats if s.latency is not None]
+    return {
+        "wall_s": wall,
+        "output_tokens": useful,
+        "output_tok_s": useful / wall if wall > 0 else None,
+        "lengths_ok": all(s.tokens == s.expected for s in stats),
+        "short_requests": sum(s.tokens < s.expected for s in stats),
+        "ttft_p50": percentile(ttfts, 50),
+        "ttft_p99": percentile(ttfts, 99),
+        "tpot_p50": percentile(tpots, 50),
+        "tpot_p99": percentile(tpots, 99),
+        "latency_p50": percentile(lats, 50),
+        "latency_p99": percentile(lats, 99),
+        "heads": [s.head for s in stats],
+    }
+
+
+def tpot_of(times: list[float]) -> float | None:
+    """Mean gap between output tokens after the first (same definition as the engine's)."""
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine args shared with HF continuous batching, so both get the same limits."""
+    kw: dict[str, Any] = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_batched_tokens,
+        "kv_cache_memory": args.kv_cache_bytes,
+    }
+    if args.block_size:
+        kw["block_size"] = args.block_size
+    for item in args.engine_arg or []:
+        key, _, raw = item.partition("=")
+        try:
+            kw[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            kw[key] = raw
+    return kw
+
+
+def engine_model_arg(args: argparse.Namespace) -> str | None:
+    """None selects the engine's bundled default; a custom config is passed as its folder."""
+    return None if args.model_config == "smollm2" else args.model_path
+
+
+def import_engine() -> tuple[Any, Any, Any]:
+    """The engine's public classes, or a clear error while the engine is still being written."""
+    try:
+        import workers
+
+        return workers.LLM, workers.AsyncLLMEngine, workers.SamplingParams
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"engine not available yet (workers.LLM: {exc!r})") from exc
+
+
+def run_engine(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
+    """Offline: one llm.generate over all requests. Online: AsyncLLMEngine with Poisson arrivals."""
+    llm_cls, async_cls, sp_cls = import_engine()
+    kwargs = dict(engine_kwargs(args), dtype=args.dtype, device=args.device)
+    if args.mode == "online":
+        return asyncio.run(run_engine_online(async_cls, sp_cls, args, wl, kwargs))
+
+    t0 = time.perf_counter()
+    llm = llm_cls(model=engine_model_arg(args), **kwargs)
+    load_s = time.perf_counter() - t0
+    warm = sp_cls(temperature=0.0, max_tokens=4, ignore_eos=True)
+    llm.generate([wl.requests[0].prompt_token_ids], warm)
+
+    prompts = [r.prompt_token_ids for r in wl.requests]
+    params = [sp_cls(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+              for r in wl.requests]
+    sync(args.device)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    sync(args.device)
+    wall = time.perf_counter() - t0
+    stats = []
+    for req, out in zip(wl.requests, outs, strict=True):
+        m = out.metrics
+        latency = m.finished_time - m.arrival_time if m.finished_time is not None else None
+        stats.append(RequestStat(tokens=len(out.token_ids), expected=req.max_tokens, ttft=m.ttft,
+                                 tpot=m.tpot, latency=latency,
+                                 head=list(out.token_ids[:HEAD_TOKENS])))
+    result = summarize(stats, wall)
+    result["load_s"] = load_s
+    result["engine_kwargs"] = {k: v for k, v in kwargs.items() if k != "device"}
+    if args.device.startswith("cuda") and not args.no_bandwidth:
+        result["bandwidth"] = decode_bandwidth(llm, sp_cls, args)
+    return result
+
+
+async def run_engine_online(
+    async_cls: Any, sp_cls: Any, args: argparse.Namespace, wl: Workload, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """Client-side TTFT/TPOT (includes output delivery), engine-side figures kept alongside."""
+    t0 = time.perf_counter()
+    engine = async_cls(model=engine_model_arg(args), **kwargs)
+    await engine.start()
+    load_s = time.perf_counter() - t0
+    try:
+        warm = sp_cls(temperature=0.0, max_tokens=4, ignore_eos=True)
+        async for _ in engine.generate(wl.requests[0].prompt_token_ids, warm, request_id="warm"):
+            pass
+        start = time.monotonic()
+
+        async def one(i: int, req: Request) -> tuple[RequestStat, dict[str, Any]]:
+            await asyncio.sleep(max(0.0, start + req.arrival_offset - time.monotonic()))
+            sent = time.monotonic()
+            params = sp_cls(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+            first = final = None
+            acc: list[int] = []
+            last: Any = None
+            async for out in engine.generate(req.prompt_token_ids, params, request_id=f"r{i}"):
+                now = time.monotonic()
+                if out.token_ids and first is None:
+                    first = now
+                final, last = now, out
+                acc.extend(out.token_ids)
+            m = last.metrics
+            count = m.num_generation_tokens
+            # outputs may be cumulative or deltas: whichever matches the count holds the tokens
+            tokens = list(last.token_ids) if len(last.token_ids) == count else acc
+            tpot = (final - first) / (count - 1) if first is not None and count > 1 else None
+            stat = RequestStat(tokens=count, expected=req.max_tokens,
+                               ttft=first - sent if first is not None else None, tpot=tpot,
+                               latency=final - sent if final is not None else None,
+                               head=tokens[:HEAD_TOKENS] if len(tokens) == count else None)
+            return stat, {"ttft": m.ttft, "tpot": m.tpot}
+
+        pairs = await asyncio.gather(*(one(i, r) for i, r in enumerate(wl.requests)))
+        wall = time.monotonic() - start
+    finally:
+        await engine.shutdown()
+    result = summarize([p[0] for p in pairs], wall)
+    server_ttft = [p[1]["ttft"] for p in pairs if p[1]["ttft"] is not None]
+    server_tpot = [p[1]["tpot"] for p in pairs if p[1]["tpot"] is not None]
+    result.update(load_s=load_s, engine_ttft_p50=percentile(server_ttft, 50),
+                  engine_ttft_p99=percentile(server_ttft, 99),
+                  engine_tpot_p50=percentile(server_tpot, 50),
+                  engine_tpot_p99=percentile(server_tpot, 99))
+    return result
+
+
+def decode_bandwidth(llm: Any, sp_cls: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """Fraction of measured copy bandwidth one decode step achieves, per batch size.
+
+    Two runs per batch size differ only in output length (fresh prompts each, so prefix caching
+    cannot help either); the wall-time difference divided by the extra tokens is pure decode step
+    time. Bytes per step = all weights once + the KV of every sequence at its mean context.
+    """
+    from transformers import AutoTokenizer
+
+    path = Path(args.model_path)
+    tok = AutoTokenizer.from_pretrained(path)
+    weights = weight_bytes_read_per_step(path, args.dtype)
+    kv_tok = kv_bytes_per_token(path, args.dtype)
+    copy_bw = args.copy_bandwidth
+    t_short, t_long, p_len = args.bw_short, args.bw_long, args.bw_prompt
+    rows = []
+    for b in [int(x) for x in args.bw_batches.split(",")]:
+        walls = []
+        for k, n_out in enumerate((t_short, t_long)):
+            prompts = decode_prompts(tok, b, p_len, seed=args.seed + 1000 * b + k)
+            params = sp_cls(temperature=0.0, max_tokens=n_out, ignore_eos=True)
+            sync(args.device)
+            t0 = time.perf_counter()
+            llm.generate(prompts, params)
+            sync(args.device)
+            walls.append(time.perf_counter() - t0)
+        step = (walls[1] - walls[0]) / (t_long - t_short)
+        context = p_len + (t_short + t_long) / 2
+        step_bytes = weights + b * context * kv_tok
+        rows.append({
+            "batch": b,
+            "step_ms": step * 1e3,
+            "bytes_per_step": step_bytes,
+            "achieved_gb_s": step_bytes / step / 1e9 if step > 0 else None,
+            "utilisation": step_bytes / step / copy_bw if step > 0 and copy_bw else None,
+        })
+    return {"weight_bytes": weights, "kv_bytes_per_token": kv_tok, "prompt_len": p_len,
+            "outputs": [t_short, t_long], "copy_gb_s": copy_bw / 1e9 if copy_bw else None,
+            "rows": rows}
+
+
+def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device memory bandwidth in bytes/s from a large tensor copy (read + write both count)."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes * iters / seconds
+
+
+def sync(device: str) -> None:
+    """Wait for queued device work so wall times cover it."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- HF systems
+
+
+def load_hf(args: argparse.Namespace, attn: str) -> Any:
+    """The HF reference model with the same weights, dtype and device as the engine."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype,
+                                                 attn_implementation=attn)
+    return model.to(args.device).eval()
+
+
+def pad_id_of(model: Any) -> int:
+    """The pad id HF should use (SmolLM2 pads with its EOS id)."""
+    cfg = model.config
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    return int(pad[0] if isinstance(pad, list) else pad)
+
+
+def run_hf_static(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
+    """`generate()` over fixed batches in arrival order, left-padded; a batch runs to its longest.
+
+    `eos_token_id=[]` turns EOS stopping off (None would fall back to the model's EOS id).
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    t0 = time.perf_counter()
+    model = load_hf(args, "sdpa")
+    load_s = time.perf_counter() - t0
+    pad = pad_id_of(model)
+
+    def gen(batch: list[Request]) -> list[list[int]]:
+        width = max(len(r.prompt_token_ids) for r in batch)
+        ids = [[pad] * (width - len(r.prompt_token_ids)) + r.prompt_token_ids for r in batch]
+        mask = [[0] * (width - len(r.prompt_token_ids)) + [1] * len(r.prompt_token_ids)
+                for r in batch]
+        max_new = max(r.max_tokens for r in batch)
+        config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=[],
+                                  pad_token_id=pad)
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor(ids, device=args.device),
+                                 attention_mask=torch.tensor(mask, device=args.device),
+                                 generation_config=config)
+        new = out[:, width:].tolist()
+        if any(len(row) != max_new for row in new):
+            raise RuntimeError(f"hf_static generated {len(new[0])} tokens, expected {max_new}")
+        return new
+
+    warm = wl.requests[0]
+    gen([Request(prompt_token_ids=warm.prompt_token_ids, max_tokens=4)])
+    stats: list[RequestStat] = []
+    wasted = 0
+    sync(args.device)
+    t0 = time.perf_counter()
+    bs = args.static_batch_size
+    for i in range(0, len(wl.requests), bs):
+        batch = wl.requests[i : i + bs]
+        new = gen(batch)
+        done = time.perf_counter() - t0
+        for req, row in zip(batch, new, strict=True):
+            wasted += len(row) - req.max_tokens
+            stats.append(RequestStat(tokens=req.max_tokens, expected=req.max_tokens,
+                                     latency=done, head=row[: min(HEAD_TOKENS, req.max_tokens)]))
+    wall = time.perf_counter() - t0
+    result = summarize(stats, wall)
+    result.update(load_s=load_s, wasted_tokens=wasted, batch_size=bs)
+    return result
+
+
+def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
+    """HF continuous batching through its manager, so each request keeps its own max_new_tokens.
+
+    `generate_batch()` takes one max_new_tokens for all inputs; `add_request()` takes one per
+    request, plus `eos_token_id=-1` (EOS stopping off). The manager is entered once, warmed with
+    a short request, then timed; `record_timestamps` gives per-token times for TTFT/TPOT.
+    """
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    t0 = time.perf_counter()
+    model = load_hf(args, args.hf_batch_attn)
+    load_s = time.perf_counter() - t0
+    per_token = kv_bytes_per_token(Path(args.model_path), args.dtype)
+    num_blocks = math.ceil(args.kv_cache_bytes / (HF_PAGE_SIZE * per_token))
+    gen_config = GenerationConfig(do_sample=False, max_new_tokens=wl.max_output, eos_token_id=[],
+                                  pad_token_id=pad_id_of(model))
+    cb_config = ContinuousBatchingConfig(
+        page_size=HF_PAGE_SIZE,
+        num_blocks=num_blocks,
+        max_batch_tokens=args.max_batched_tokens,
+        max_requests_per_batch=args.max_num_seqs,
+        auto_switch_to_flash=False,  # keep the attention we were asked to measure
+    )
+
+    def wait(mgr: Any, results: dict[str, Any], until: float | None, want: int) -> None:
+        """Collect finished results until `until` (perf_counter) or `want` results are in."""
+        while len(results) < want:
+            left = 1.0 if until is None else until - time.perf_counter()
+            if left <= 0:
+                return
+            res = mgr.get_result(timeout=min(left, 1.0))
+            if res is None:
+                if not mgr.is_running():
+                    raise RuntimeError("HF continuous batching thread stopped")
+                continue
+            if res.is_finished():
+                if res.error is not None:
+                    raise RuntimeError(f"HF request {res.request_id} failed: {res.error}")
+                results[res.request_id] = res
+
+    with model.continuous_batching_context_manager(
+        generation_config=gen_config, continuous_batching_config=cb_config, block=True, timeout=60
+    ) as mgr:
+        warm: dict[str, Any] = {}
+        mgr.add_request(wl.requests[0].prompt_token_ids, request_id="warm", max_new_tokens=4,
+                        eos_token_id=-1)
+        wait(mgr, warm, None, 1)
+        results: dict[str, Any] = {}
+        sync(args.device)
+        start = time.perf_counter()
+        for i, req in enumerate(wl.requests):
+            if args.mode == "online":
+                wait(mgr, results, start + req.arrival_offset, len(wl.requests))
+                time.sleep(max(0.0, start + req.arrival_offset - time.perf_counter()))
+            mgr.add_request(req.prompt_token_ids, request_id=f"r{i}", max_new_tokens=req.max_tokens,
+                            eos_token_id=-1, record_timestamps=True)
+        wait(mgr, results, None, len(wl.requests))
+        wall = time.perf_counter() - start
+        resolved = mgr.continuous_batching_config
+
+    stats = []
+    for i, req in enumerate(wl.requests):
+        res = results[f"r{i}"]
+        ts = res.timestamps or []
+        stats.append(RequestStat(
+            tokens=len(res.generated_tokens), expected=req.max_tokens,
+            ttft=ts[0] - res.created_time if ts else None, tpot=tpot_of(ts),
+            latency=res.lifespan[1] - res.created_time if res.lifespan[1] > 0 else None,
+            head=list(res.generated_tokens[:HEAD_TOKENS])))
+    result = summarize(stats, wall)
+    result.update(load_s=load_s, attn=model.config._attn_implementation,
+                  hf_cb_config={"page_size": resolved.page_size, "num_blocks": resolved.num_blocks,
+                                "max_batch_tokens": resolved.max_batch_tokens,
+                                "max_requests_per_batch": resolved.max_requests_per_batch,
+                                "use_cuda_graph": list(resolved.use_cuda_graph),
+                                "use_async_batching": resolved.use_async_batching})
+    return result
+
+
+# ----------------------------------------------------------------------------- child process
+
+
+def child_main(args: argparse.Namespace) -> int:
+    """Run one (system, mode) and write its JSON; errors are reported, never raised."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    result: dict[str, Any] = {"system": args.only, "mode": args.mode}
+    rc = 0
+    try:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        if not args.verbose:
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        result["threads_before"] = torch.get_num_threads()
+        if args.device.startswith("cuda"):
+            result["device_name"] = torch.cuda.get_device_name(args.device)
+            if args.only == "engine" and args.mode == "offline" and not args.no_bandwidth:
+                args.copy_bandwidth = measure_copy_bandwidth(args.device)
+            torch.cuda.reset_peak_memory_stats()
+        wl = Workload.from_dict(json.loads(Path(args.workload_file).read_text()))
+        runner = {"engine": run_engine, "hf_static": run_hf_static, "hf_batch": run_hf_batch}
+        result.update(runner[args.only](args, wl))
+        result["threads_after"] = torch.get_num_threads()
+        if args.device.startswith("cuda"):
+            result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()
+        rc = 1
+    self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    kids_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result["peak_rss_mib"] = self_kib / 1024
+    result["peak_rss_children_mib"] = kids_kib / 1024
+    Path(args.json_out).write_text(json.dumps(result))
+    return rc
+
+
+# ----------------------------------------------------------------------------- parent process
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """What the numbers were measured on (GPU name is filled in from a child)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
+            "device": device, "python": platform.python_version(), "hostname": platform.node()}
+
+
+def child_argv(
+    args: argparse.Namespace, system: str, mode: str, wfile: Path, out: Path
+) -> list[str]:
+    """Re-invoke this script for one system; every setting travels explicitly."""
+    argv = [sys.executable, str(Path(__file__).resolve()), "--only", system, "--mode", mode,
+            "--workload-file", str(wfile), "--json-out", str(out), "--model-path", args.model_path,
+            "--model-config", args.model_config, "--device", args.device, "--dtype", args.dtype,
+            "--seed", str(args.seed), "--threads", str(args.threads),
+            "--kv-cache-bytes", str(args.kv_cache_bytes), "--max-num-seqs", str(args.max_num_seqs),
+            "--max-batched-tokens", str(args.max_batched_tokens),
+            "--static-batch-size", str(args.static_batch_size),
+            "--hf-batch-attn", args.hf_batch_attn, "--bw-batches", args.bw_batches,
+            "--bw-prompt", str(args.bw_prompt), "--bw-short", str(args.bw_short),
+            "--bw-long", str(args.bw_long)]
+    if args.block_size:
+        argv += ["--block-size", str(args.block_size)]
+    for item in args.engine_arg or []:
+        argv += ["--engine-arg", item]
+    if args.no_bandwidth:
+        argv.append("--no-bandwidth")
+    if args.verbose:
+        argv.append("--verbose")
+    return argv
+
+
+def run_child(args: argparse.Namespace, system: str, mode: str, tmp: Path, wfile: Path
+              ) -> dict[str, Any]:
+    """One system in a fresh interpreter; its log is shown only when it fails."""
+    out = tmp / f"{system}-{mode}.json"
+    log = tmp / f"{system}-{mode}.log"
+    argv = child_argv(args, system, mode, wfile, out)
+    print(f"[{system}/{mode}] running ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        if args.verbose:
+            subprocess.run(argv, timeout=args.timeout, check=False)
+        else:
+            with log.open("w") as fh:
+                subprocess.run(argv, timeout=args.timeout, stdout=fh, stderr=subprocess.STDOUT,
+                               check=False)
+    except subprocess.TimeoutExpired:
+        return {"system": system, "mode": mode, "error": f"timed out after {args.timeout} s"}
+    result: dict[str, Any]
+    if out.is_file():
+        result = json.loads(out.read_text())
+    else:
+        result = {"system": system, "mode": mode, "error": "child wrote no result"}
+    if "error" in result:
+        tail = log.read_text().splitlines()[-25:] if log.is_file() else []
+        print(f"[{system}/{mode}] FAILED: {result['error']}", *tail, sep="\n  ", flush=True)
+    else:
+        print(f"[{system}/{mode}] {result['output_tok_s']:.1f} tok/s, wall {result['wall_s']:.1f} s"
+              f" ({time.perf_counter() - t0:.0f} s with load)", flush=True)
+    return result
+
+
+def greedy_agreement(results: list[dict[str, Any]]) -> None:
+    """Share of requests whose first output tokens equal the reference's (hf_static if run).
+
+    Greedy decoding of the same weights should agree; float rounding may flip a few late
+    tokens, so this is a smoke alarm for engine bugs, not an exactness test.
+    """
+    ok = [r for r in results if r.get("heads") and "error" not in r]
+    ref = next((r for r in ok if r["system"] == "hf_static"), None)
+    ref = ref or next((r for r in ok if r["mode"] == "offline"), None)
+    if ref is None:
+        return
+    for r in ok:
+        pairs = [(a, b) for a, b in zip(r["heads"], ref["heads"], strict=True) if a is not None]
+        same = sum(a == b for a, b in pairs)
+        r["greedy_agreement"] = same / len(pairs) if pairs else None
+        r["greedy_reference"] = f"{ref['system']}/{ref['mode']}"
+
+
+def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    """Blank for missing values so the table shows what was not measurable."""
+    return "" if value is None else f"{value * scale:.{digits}f}"
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The summary table, printed last."""
+    m = report["machine"]
+    where = m.get("gpu") or f"{m['cpu']} ({m['affinity']} CPU cores usable)"
+    w = report["workload"]
+    print()
+    print(f"engine_throughput  {report['date']}  {where}  model={report['model']} "
+          f"dtype={report['dtype']} torch threads={report['threads']}")
+    print(f"workload: {w['num_requests']} requests, prompt {w['prompt_tokens']['min']}-"
+          f"{w['prompt_tokens']['max']} tok (mean {w['prompt_tokens']['mean']:.0f}), output "
+          f"{w['output_tokens']['min']}-{w['output_tokens']['max']} tok "
+          f"(total {w['output_tokens']['total']}), seed {w['seed']}, online rate {w['rate_req_s']}"
+          " req/s")
+    head = ("system", "mode", "out tok/s", "engine x", "wall s", "TTFT p50", "TTFT p99",
+            "TPOT p50", "TPOT p99", "peak RSS MiB", "agree")
+    widths = (10, 8, 10, 9, 8, 9, 9, 9, 9, 13, 6)
+    gpu = any("peak_gpu_mib" in r for r in report["results"])
+    if gpu:
+        head, widths = (*head, "GPU MiB"), (*widths, 8)
+    print("  ".join(h.rjust(wd) for h, wd in zip(head, widths, strict=True)))
+    print("  ".join("-" * wd for wd in widths) + "   (TTFT/TPOT in ms)")
+    for r in report["results"]:
+        if "error" in r:
+            print(f"{r['system']:>10}  {r['mode']:>8}  error: {r['error']}")
+            continue
+        rss = r["peak_rss_mib"]
+        rss_s = f"{rss:.0f}" + (f"+{r['peak_rss_children_mib']:.0f}"
+                                if r.get("peak_rss_children_mib", 0) > 1 else "")
+        cells = [r["system"], r["mode"], fmt(r["output_tok_s"]), fmt(r.get("engine_ratio"), 1, 2),
+                 fmt(r["wall_s"]), fmt(r["ttft_p50"], 1e3), fmt(r["ttft_p99"], 1e3),
+                 fmt(r["tpot_p50"], 1e3, 2), fmt(r["tpot_p99"], 1e3, 2), rss_s,
+                 fmt(r.get("greedy_agreement"), 100, 0)]
+        if gpu:
+            cells.append(fmt(r.get("peak_gpu_mib"), 1, 0))
+        print("  ".join(c.rjust(wd) for c, wd in zip(cells, widths, strict=True)))
+        if not r.get("lengths_ok", True):
+            print(f"{'':>10}  warning: {r['short_requests']} requests got fewer tokens than asked")
+    for r in report["results"]:
+        bw = r.get("bandwidth")
+        if bw:
+            print(f"\nengine decode bandwidth (copy {bw['copy_gb_s']:.0f} GB/s, weights "
+                  f"{bw['weight_bytes'] / 2**20:.0f} MiB, prompt {bw['prompt_len']}):")
+            for row in bw["rows"]:
+                print(f"  batch {row['batch']:>3}: step {row['step_ms']:.2f} ms, "
+                      f"{fmt(row['achieved_gb_s'], 1, 0)} GB/s = "
+                      f"{fmt(row['utilisation'], 100, 0)}% of copy bandwidth")
+    if not report["threads_identical"]:
+        print("\nwarning: torch thread counts differed between systems:", report["thread_counts"])
+    print(f"\nengine x = engine tok/s / system tok/s (same mode); agree = % of requests whose "
+          f"first {HEAD_TOKENS} greedy tokens match hf_static")
+
+
+def parent_main(args: argparse.Namespace) -> int:
+    """Build the workload once, run each system in turn, write JSON and print the table."""
+    from transformers import AutoTokenizer
+
+    from workers.model_files import resolve_model
+
+    import_torch_threads = _default_threads(args)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"unknown systems: {sorted(unknown)} (choose from {SYSTEMS})")
+    modes = ["offline", "online"] if args.mode == "both" else [args.mode]
+
+    base = resolve_model(None)
+    path = base if args.model_config == "smollm2" else build_random_model(args.model_config, base)
+    args.model_path = str(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    wl = build_workload(tokenizer, args.num_requests, args.max_prompt, args.max_output, args.seed,
+                        args.rate)
+    per_token = kv_bytes_per_token(path, args.dtype)
+    if args.kv_cache_mib:
+        args.kv_cache_bytes = int(args.kv_cache_mib * 2**20)
+    else:  # room for every request at full length, in HF's coarser 256-token pages
+        pages = sum(math.ceil((len(r.prompt_token_ids) + r.max_tokens) / HF_PAGE_SIZE)
+                    for r in wl.requests)
+        args.kv_cache_bytes = pages * HF_PAGE_SIZE * per_token
+
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="engine_throughput-") as tmp_name:
+        tmp = Path(tmp_name)
+        wfile = tmp / "workload.json"
+        wfile.write_text(json.dumps(wl.to_dict()))
+        for mode in modes:
+            for system in systems:
+                if mode == "online" and system not in ONLINE_SYSTEMS:
+                    continue
+                results.append(run_child(args, system, mode, tmp, wfile))
+
+    for r in results:
+        eng = next((e for e in results if e["system"] == "engine" and e["mode"] == r["mode"]
+                    and "error" not in e), None)
+        if eng and "error" not in r and r.get("output_tok_s"):
+            r["engine_ratio"] = eng["output_tok_s"] / r["output_tok_s"]
+    greedy_agreement(results)
+    threads = {f"{r['system']}/{r['mode']}": (r.get("threads_before"), r.get("threads_after"))
+               for r in results if "error" not in r}
+    machine = machine_info(args.device)
+    gpu = next((r["device_name"] for r in results if r.get("device_name")), None)
+    if gpu:
+        machine["gpu"] = gpu
+    standard = all(getattr(args, k) == v for k, v in STANDARD.items())
+    report = {
+        "benchmark": "engine_throughput",
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "standard_workload": standard,
+        "machine": machine,
+        "model": args.model_config,
+        "model_path": args.model_path,
+        "dtype": args.dtype,
+        "threads": import_torch_threads,
+        "thread_counts": threads,
+        "threads_identical": len({v for pair in threads.values() for v in pair}) <= 1,
+        "kv_cache_bytes": args.kv_cache_bytes,
+        "max_num_seqs": args.max_num_seqs,
+        "max_batched_tokens": args.max_batched_tokens,
+        "workload": wl.summary(),
+        "results": [{k: v for k, v in r.items() if k != "heads"} for r in results],
+    }
+    out = Path(args.results) if args.results else default_results_path(args, standard)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    print_table(report)
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _default_threads(args: argparse.Namespace) -> int:
+    """The torch thread count every child will use (the flag, else torch's own default)."""
+    if args.threads:
+        return args.threads
+    import torch
+
+    return torch.get_num_threads()
+
+
+def default_results_path(args: argparse.Namespace, standard: bool) -> Path:
+    """bench/results/engine_throughput-<cpu|cuda>[-model][-smoke].json: smoke runs never
+    overwrite the standard numbers."""
+    name = "engine_throughput-" + ("cuda" if args.device.startswith("cuda") else "cpu")
+    if args.model_config != "smollm2":
+        name += f"-{args.model_config}"
+    if not standard:
+        name += "-smoke"
+    return ROOT / "bench" / "results" / f"{name}.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """CLI; the hidden flags are how the parent hands settings to its children."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--num-requests", type=int, default=STANDARD["num_requests"])
+    p.add_argument("--max-prompt", type=int, default=STANDARD["max_prompt"],
+                   help="prompt lengths are spread over [16, this] tokens (after templating)")
+    p.add_argument("--max-output", type=int, default=STANDARD["max_output"],
+                   help="max_tokens are spread over [16, this]")
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--mode", choices=("offline", "online", "both"), default="both")
+    p.add_argument("--rate", type=float, default=2.0, help="online Poisson arrival rate, req/s")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    p.add_argument("--seed", type=int, default=STANDARD["seed"])
+    p.add_argument("--model-config", default="smollm2", choices=("smollm2", *MODEL_CONFIGS),
+                   help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch.set_num_threads in every child (0 = leave torch's default)")
+    p.add_argument("--kv-cache-mib", type=float, default=None,
+                   help="KV budget for engine and hf_batch (default: fits all requests at once)")
+    p.add_argument("--max-num-seqs", type=int, default=64,
+                   help="engine max_num_seqs = hf_batch max_requests_per_batch")
+    p.add_argument("--max-batched-tokens", type=int, default=None,
+                   help="engine max_num_batched_tokens = hf_batch max_batch_tokens "
+                        "(default 2048 on CPU, 8192 on CUDA)")
+    p.add_argument("--block-size", type=int, default=0, help="engine block_size (0 = default)")
+    p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
+                   help="extra LLM(...) keyword, value parsed as JSON when possible; repeatable")
+    p.add_argument("--static-batch-size", type=int, default=8)
+    p.add_argument("--hf-batch-attn", default="sdpa",
+                   help="hf_batch attention; 'paged|sdpa' is the deprecated alias of sdpa")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="skip the CUDA decode memory-bandwidth measurement")
+    p.add_argument("--bw-batches", default="1,8,32")
+    p.add_argument("--bw-prompt", type=int, default=256)
+    p.add_argument("--bw-short", type=int, default=16)
+    p.add_argument("--bw-long", type=int, default=144)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
+    p.add_argument("--results", default=None, help="JSON path (default under bench/results/)")
+    p.add_argument("--verbose", action="store_true", help="show the children's output")
+    hidden = argparse.SUPPRESS
+    p.add_argument("--only", choices=SYSTEMS, help=hidden)
+    p.add_argument("--workload-file", help=hidden)
+    p.add_argument("--json-out", help=hidden)
+    p.add_argument("--model-path", help=hidden)
+    p.add_argument("--dtype", help=hidden)
+    p.add_argument("--kv-cache-bytes", type=int, help=hidden)
+    p.add_argument("--copy-bandwidth", type=float, default=None, help=hidden)
+    args = p.parse_args(argv)
+    if args.device is None:
+        args.device = _auto_device()
+    if args.dtype is None:
+        args.dtype = model_dtype_name(args.device)
+    if args.max_batched_tokens is None:
+        args.max_batched_tokens = 8192 if args.device.startswith("cuda") else 2048
+    if args.only and args.mode == "both":
+        p.error("--only needs --mode offline or online")
+    return args
+
+
+def _auto_device() -> str:
+    """cuda when a GPU is visible (checked without creating a CUDA context), else cpu."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parent by default; a child when --only is given."""
+    args = parse_args(argv)
+    return child_main(args) if args.only else parent_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""Engine arguments: one flat, typed set of knobs, as vLLM users expect them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    block_size: int = 16
+    kv_cache_memory: int | None = None
+    kv_cache_fraction: float | None = None
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None
+    max_waiting: int = 4096
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        """Reject unknown keywords by name instead of silently dropping them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine arguments: {', '.join(unknown)}")
+        return cls(**kwargs)

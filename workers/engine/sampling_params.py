@@ -1,0 +1,82 @@
+"""Per-request sampling settings, named after OpenAI's and vLLM's fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses before it queues anything (maps to HTTP 400)."""
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens and when to stop. Validated on construction."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    MAX_LOGPROBS = 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k is None or self.top_k < 0:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        checks = [
+            (self.n >= 1, "n must be at least 1"),
+            (self.n <= 128, "n must be at most 128"),
+            (0.0 <= self.temperature <= 100.0, "temperature must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty must be in (0, 10]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.min_tokens >= 0, "min_tokens must be >= 0"),
+            (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens must not exceed max_tokens",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= self.MAX_LOGPROBS,
+                f"logprobs must be in [0, {self.MAX_LOGPROBS}]",
+            ),
+            (len(self.stop) <= 16, "at most 16 stop strings"),
+            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )

@@ -1,0 +1,173 @@
+"""Iteration-level scheduling under one token budget; no prefill or decode phases.
+
+Each step first gives running sequences what they need (one token for a decode, the next
+chunk for a prompt being prefilled), then admits waiting ones with chunks of what is left.
+When blocks run out the lowest-priority, newest running sequence is preempted and will be
+recomputed, so the oldest work always progresses and nothing deadlocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from workers.engine.block_manager import BlockManager
+from workers.engine.queue_policy import PriorityFCFSQueue
+from workers.engine.sampling_params import SamplingParams
+from workers.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    """Tokens of one sequence to compute this step, and whether to sample after them."""
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    num_samples: int
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_output_tokens: int
+    seed: int | None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted_seq_ids: list[int] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    max_waiting: int = 4096
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting = PriorityFCFSQueue()
+        self.running: list[Sequence] = []
+        self._finished_seq_ids: list[int] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.push(seq)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
+        self._finished_seq_ids = []
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, num_new, out):
+                break  # seq itself was the last one left to preempt
+            out.chunks.append(self._allocate(seq, num_new, out))
+            budget -= num_new
+            i += 1
+        if out.preempted_seq_ids:
+            return out  # memory is short: admit nothing new this step
+        while self.waiting:
+            budget = self.config.max_num_batched_tokens - out.num_batched_tokens
+            if budget <= 0:
+                break
+            seq = self.waiting.peek()
+            width = seq.sampling_params.n if seq.pending_forks else 1
+            if len(self.running) + width > self.config.max_num_seqs:
+                break
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._admit_room(seq, num_new, out):
+                break
+            self.waiting.pop()
+            seq.status = SequenceStatus.RUNNING
+            out.chunks.append(self._allocate(seq, num_new, out))
+            bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+        return out
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Run `child` beside `parent`, sharing all of its KV blocks."""
+        self.block_manager.fork(parent, child)
+        child.status = SequenceStatus.RUNNING
+        bisect.insort(self.running, child, key=lambda s: s.sort_key)
+
+    def finish(self, seq: Sequence) -> None:
+        """Take a sequence out (done or aborted) and free its blocks now."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.free(seq)
+        self._finished_seq_ids.append(seq.seq_id)
+
+    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Preempt from the tail until `seq` fits; False if `seq` had to go itself."""
+        while not self.block_manager.can_allocate_slots(seq, num_new):
+            victim = self.running.pop()
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _admit_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Fit a waiting sequence, preempting only running ones of strictly lower priority."""
+        while not self.block_manager.can_allocate_slots(seq, num_new):
+            if not self.running or self.running[-1].priority <= seq.priority:
+                return False
+            self._preempt(self.running.pop(), out)
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        out.chunks = [chunk for chunk in out.chunks if chunk.seq_id != seq.seq_id]
+        self.block_manager.free(seq)
+        self.waiting.push(seq)
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+        out.preempted_seq_ids.append(seq.seq_id)
+
+    def _allocate(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> ScheduledChunk:
+        out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
+        start = seq.num_computed_tokens
+        seq.num_computed_tokens += num_new
+        reaches_end = seq.num_computed_tokens == seq.num_tokens
+        num_samples = 0
+        if reaches_end:
+            num_samples = seq.sampling_params.n if seq.pending_forks else 1
+        history = num_samples > 0 and seq.sampling_params.uses_penalties
+        return ScheduledChunk(
+            seq_id=seq.seq_id,
+            token_ids=seq.token_ids[start : start + num_new],
+            start_pos=start,
+            block_table=seq.block_table,
+            num_samples=num_samples,
+            sampling_params=seq.sampling_params,
+            prompt_token_ids=seq.prompt_token_ids if history else [],
+            output_token_ids=seq.output_token_ids if history else [],
+            num_output_tokens=seq.num_output_tokens,
+            seed=seq.seed,
+        )

@@ -1,0 +1,114 @@
+"""One stream of tokens being generated: the unit the scheduler and block manager work on.
+
+A request with `n > 1` starts as one sequence; once its prompt is computed it forks into n
+sequences that share the prompt's KV blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from workers.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps from time.monotonic(); the derived figures are in seconds."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.num_generation_tokens < 2 or self.first_token_time is None:
+            return None
+        assert self.last_token_time is not None
+        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
+
+    @property
+    def e2e_latency(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    arrival_order: int
+    priority: int = 0
+    sample_index: int = 0
+    adapter_id: str | None = None
+    cache_salt: str | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    pending_forks: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def seed(self) -> int | None:
+        """Each sample of a seeded request draws from its own reproducible stream."""
+        base = self.sampling_params.seed
+        return None if base is None else base + self.sample_index
+
+    @property
+    def sort_key(self) -> tuple[int, int, int]:
+        """Smaller runs first: higher priority (lower value), then arrival, then sample."""
+        return (self.priority, self.arrival_order, self.sample_index)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

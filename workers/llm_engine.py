@@ -1,0 +1,359 @@
+"""The synchronous engine: add requests, then `step()` = schedule, run, update.
+
+It owns the request bookkeeping (n > 1 forks, stop conditions, detokenizing, metrics); the
+scheduler decides what runs and the runner runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.config import EngineArgs
+from workers.engine.block_manager import BlockManager
+from workers.engine.detokenizer import IncrementalDetokenizer
+from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from workers.engine.sampling_params import InvalidRequestError, SamplingParams
+from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from workers.engine.sequence import FinishReason, RequestMetrics, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full; the caller should retry later (HTTP 503)."""
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class _Sample:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    logprobs: list[TokenLogprob] | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    samples: list[_Sample] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.samples) == self.params.n and all(s.seq.is_finished for s in self.samples)
+
+
+class LLMEngine:
+    def __init__(
+        self, args: EngineArgs, tokenizer: Any, runner: Any, max_model_len: int,
+        num_blocks: int, eos_token_ids: list[int], vocab_size: int,
+    ) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.runner = runner
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.vocab_size = vocab_size
+        self.block_manager = BlockManager(num_blocks, args.block_size)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=args.max_num_seqs,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                max_waiting=args.max_waiting,
+            ),
+            self.block_manager,
+        )
+        self._requests: dict[str, _Request] = {}
+        self._seqs: dict[int, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+
+    @classmethod
+    def from_args(cls, **kwargs: Any) -> LLMEngine:
+        """Load tokenizer, config and weights (the default model when model is None)."""
+        from transformers import AutoConfig, AutoTokenizer
+
+        from workers.model_files import resolve_model
+        from workers.runner.model_runner import ModelRunner, RunnerConfig, pick_device, pick_dtype
+
+        args = EngineArgs.from_kwargs(**kwargs)
+        folder = resolve_model(args.model)
+        hf_config = AutoConfig.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or folder)
+        device = pick_device(args.device)
+        eos = _eos_token_ids(hf_config, tokenizer)
+        runner = ModelRunner.load(
+            RunnerConfig(
+                model_path=folder,
+                device=device,
+                dtype=pick_dtype(args.dtype, device),
+                block_size=args.block_size,
+                kv_cache_memory=args.kv_cache_memory,
+                kv_cache_fraction=args.kv_cache_fraction,
+                max_model_len=args.max_model_len,
+            ),
+            hf_config,
+            eos,
+        )
+        logger.info(
+            "engine ready: %s on %s, %d KV tokens, max_model_len %d",
+            folder.name, device, runner.num_blocks * args.block_size, runner.max_model_len,
+        )
+        return cls(
+            args, tokenizer, runner, runner.max_model_len, runner.num_blocks, eos,
+            hf_config.vocab_size,
+        )
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        *, priority: int = 0, arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request. Lower `priority` values are served first; FCFS within one."""
+        self.check_capacity(0)
+        prepared = self.prepare_request(prompt, params or SamplingParams())
+        self.enqueue(request_id, prepared, priority=priority, arrival_time=arrival_time)
+
+    def check_capacity(self, in_flight: int) -> None:
+        """Refuse at once when the waiting queue is full, rather than queue without bound."""
+        waiting = len(self.scheduler.waiting) + in_flight
+        if waiting >= self.scheduler.config.max_waiting:
+            raise EngineOverloadedError(f"engine overloaded: {waiting} requests already waiting")
+
+    def prepare_request(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
+        """Tokenize and validate without touching engine state (safe from any thread)."""
+        text, token_ids = self._tokenize(prompt)
+        max_tokens = self._check_length(len(token_ids), params)
+        if params.max_tokens != max_tokens:
+            params = dataclasses.replace(params, max_tokens=max_tokens)
+        return PreparedRequest(text, token_ids, params)
+
+    def enqueue(
+        self, request_id: str, prepared: PreparedRequest, *, priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        if request_id in self._requests:
+            raise InvalidRequestError(f"duplicate request id {request_id!r}")
+        token_ids, params = prepared.prompt_token_ids, prepared.params
+        metrics = RequestMetrics(
+            arrival_time=arrival_time or time.monotonic(), num_prompt_tokens=len(token_ids)
+        )
+        request = _Request(request_id, prepared.prompt, token_ids, params, metrics)
+        seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
+        seq.pending_forks = params.n - 1
+        self._requests[request_id] = request
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its final output if it was live."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        for sample in request.samples:
+            if not sample.seq.is_finished:
+                sample.seq.finish_reason = FinishReason.ABORT
+                self.scheduler.finish(sample.seq)
+            self._seqs.pop(sample.seq.seq_id, None)
+        request.metrics.finished_time = time.monotonic()
+        return self._output(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    def stats(self) -> dict[str, float]:
+        """Load figures for routing and autoscaling."""
+        return {
+            "num_waiting": len(self.scheduler.waiting),
+            "num_running": len(self.scheduler.running),
+            "kv_cache_usage": self.block_manager.usage,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        now = time.monotonic()
+        for chunk in sched.chunks:
+            metrics = self._request_of(chunk.seq_id).metrics
+            if metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = now
+        for seq_id in sched.preempted_seq_ids:
+            self._request_of(seq_id).metrics.num_preemptions += 1
+        results = self.runner.execute(sched)
+        return self._update(sched, results)
+
+    def _update(self, sched: SchedulerOutput, results: dict[int, Any]) -> list[RequestOutput]:
+        now = time.monotonic()
+        touched: dict[str, _Request] = {}
+        for seq_id, result in results.items():
+            seq = self._seqs[seq_id]
+            request = self._requests[seq.request_id]
+            touched[request.request_id] = request
+            tokens = result.token_ids
+            logprobs = result.logprobs or [None] * len(tokens)
+            children = self._fork(request, seq, tokens[1:]) if seq.pending_forks else []
+            self._accept(request, seq, tokens[0], logprobs[0], now)
+            for child, token, logprob in zip(children, tokens[1:], logprobs[1:], strict=True):
+                self._accept(request, child, token, logprob, now)
+        outputs = []
+        for request in touched.values():
+            if request.finished:
+                request.metrics.finished_time = now
+                del self._requests[request.request_id]
+                for sample in request.samples:
+                    self._seqs.pop(sample.seq.seq_id, None)
+            outputs.append(self._output(request))
+        return outputs
+
+    def _fork(self, request: _Request, parent: Sequence, first_tokens: list[int]) -> list[Sequence]:
+        parent.pending_forks = 0
+        children = []
+        for index in range(1, len(first_tokens) + 1):
+            child = self._new_sequence(
+                request, list(parent.token_ids), index, parent.priority, parent.arrival_order
+            )
+            self.scheduler.fork(parent, child)
+            children.append(child)
+        return children
+
+    def _accept(
+        self, request: _Request, seq: Sequence, token: int, logprob: TokenLogprob | None,
+        now: float,
+    ) -> None:
+        seq.token_ids.append(token)
+        sample = request.samples[seq.sample_index]
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        metrics.num_generation_tokens += 1
+        if sample.logprobs is not None and logprob is not None:
+            sample.logprobs.append(logprob)
+        params = seq.sampling_params
+        if sample.detokenizer.append(token):
+            sample.stop_reason = sample.detokenizer.stop_reason
+            reason = FinishReason.STOP
+        elif not params.ignore_eos and token in self.eos_token_ids:
+            reason = FinishReason.STOP
+        elif token in params.stop_token_ids:
+            reason, sample.stop_reason = FinishReason.STOP, token
+        elif seq.num_output_tokens >= (params.max_tokens or 0):
+            reason = FinishReason.LENGTH
+        elif seq.num_tokens >= self.max_model_len:
+            reason = FinishReason.LENGTH
+        else:
+            return
+        sample.detokenizer.flush()
+        seq.finish_reason = reason
+        self.scheduler.finish(seq)
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _new_sequence(
+        self, request: _Request, token_ids: list[int], index: int, priority: int, arrival: int
+    ) -> Sequence:
+        params = request.params
+        seq = Sequence(
+            seq_id=next(self._seq_ids),
+            request_id=request.request_id,
+            token_ids=token_ids,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            sampling_params=params,
+            arrival_order=arrival,
+            priority=priority,
+            sample_index=index,
+        )
+        detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            request.prompt_token_ids,
+            skip_special_tokens=params.skip_special_tokens,
+            stop=list(params.stop or []),
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        request.samples.append(
+            _Sample(seq, detokenizer, [] if params.logprobs is not None else None)
+        )
+        self._seqs[seq.seq_id] = seq
+        return seq
+
+    def _request_of(self, seq_id: int) -> _Request:
+        return self._requests[self._seqs[seq_id].request_id]
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            text: str | None = prompt
+        else:
+            token_ids, text = list(prompt), None
+            if any(not isinstance(t, int) or t < 0 or t >= self.vocab_size for t in token_ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if not token_ids:
+            raise InvalidRequestError("prompt must not be empty")
+        return text, token_ids
+
+    def _check_length(self, prompt_len: int, params: SamplingParams) -> int:
+        """The effective max_tokens; refuse what can never fit the context window."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {limit} tokens; "
+                f"the prompt has {prompt_len}"
+            )
+        if params.max_tokens is None:
+            return limit - prompt_len
+        if prompt_len + params.max_tokens > limit:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {limit} tokens; you requested "
+                f"{prompt_len + params.max_tokens} ({prompt_len} in the prompt, "
+                f"{params.max_tokens} to generate)"
+            )
+        return params.max_tokens
+
+    def _output(self, request: _Request) -> RequestOutput:
+        outputs = [
+            CompletionOutput(
+                index=i,
+                text=sample.detokenizer.text,
+                token_ids=sample.seq.output_token_ids,
+                finish_reason=str(sample.seq.finish_reason) if sample.seq.finish_reason else None,
+                stop_reason=sample.stop_reason,
+                logprobs=list(sample.logprobs) if sample.logprobs is not None else None,
+            )
+            for i, sample in enumerate(request.samples)
+        ]
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=outputs,
+            finished=request.finished or request.request_id not in self._requests,
+            metrics=request.metrics,
+        )
+
+
+def _eos_token_ids(hf_config: Any, tokenizer: Any) -> list[int]:
+    ids = getattr(hf_config, "eos_token_id", None)
+    ids = ids if isinstance(ids, list) else [ids]
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted({i for i in ids if i is not None})

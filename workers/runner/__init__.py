@@ -1,0 +1,1 @@
+"""Everything that touches torch: the model, paged attention, KV pool, sampler, runner."""

@@ -1,0 +1,63 @@
+"""Size and allocate the paged KV pool from a memory budget."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_FRACTION = 0.2
+MAX_DEFAULT_CPU_BYTES = 4 << 30
+DEFAULT_GPU_FRACTION = 0.85
+
+
+@dataclass
+class KVCacheSpec:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        per_token = 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        return per_token * self.block_size
+
+
+def budget_bytes(device: torch.device, memory: int | None, fraction: float | None) -> int:
+    """Bytes for the pool: an explicit size, or a fraction of free memory on the device."""
+    if memory is not None:
+        return memory
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * (fraction if fraction is not None else DEFAULT_GPU_FRACTION))
+    available = psutil.virtual_memory().available
+    if fraction is not None:
+        return int(available * fraction)
+    return min(int(available * DEFAULT_CPU_FRACTION), MAX_DEFAULT_CPU_BYTES)
+
+
+def allocate(
+    spec: KVCacheSpec, num_blocks: int, device: torch.device
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One K and one V tensor per layer, `[num_blocks * block_size, kv_heads, head_dim]`."""
+    shape = (num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
+    caches = [
+        (
+            torch.zeros(shape, dtype=spec.dtype, device=device),
+            torch.zeros(shape, dtype=spec.dtype, device=device),
+        )
+        for _ in range(spec.num_layers)
+    ]
+    logger.info(
+        "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB)",
+        num_blocks, spec.block_size, num_blocks * spec.block_size,
+        num_blocks * spec.bytes_per_block / 2**20,
+    )
+    return caches

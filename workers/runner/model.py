@@ -1,0 +1,125 @@
+"""A compact Llama-family decoder over one flattened batch and a paged KV pool.
+
+RMSNorm, RoPE (with scaling), grouped-query attention, SwiGLU, tied or separate LM head.
+q/k/v and gate/up are fused into one matmul each at load time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
+from workers.runner.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: Any, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.rotary = rotary
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Any, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        rotary = RotaryEmbedding(config, head_dim, max_positions)
+        self.rotary = rotary  # shared by every layer; its tables stay float32
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, rotary) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final hidden states for every token of the flattened batch."""
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, kv_cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden, weight).float()

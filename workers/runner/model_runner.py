@@ -1,0 +1,220 @@
+"""Runs one scheduled step: build the flattened batch, run the model, sample.
+
+Input is the scheduler's plain `SchedulerOutput`; output is one `SampleResult` per sequence
+that samples this step. Single-token chunks (decodes, and one-token prefill tails) go first
+so attention serves them with one call; prefill chunks follow.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
+from workers.runner import kv_cache
+from workers.runner.attention import AttentionMetadata, PrefillChunk, causal_mask
+from workers.runner.loader import load_weights
+from workers.runner.model import LlamaModel
+from workers.runner.sampler import SampleResult, SamplingRow, sample
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunnerConfig:
+    model_path: Path
+    device: torch.device
+    dtype: torch.dtype
+    block_size: int
+    kv_cache_memory: int | None
+    kv_cache_fraction: float | None
+    max_model_len: int | None
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float64": torch.float64}[dtype]
+
+
+class ModelRunner:
+    def __init__(
+        self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = eos_token_ids
+        self.device = next(model.parameters()).device
+        config = model.config
+        self.group = config.num_attention_heads // config.num_key_value_heads
+        self._generators: dict[int, torch.Generator] = {}
+
+    @classmethod
+    def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
+        """Build the model, load weights and allocate the KV pool from the memory budget."""
+        max_positions = hf_config.max_position_embeddings
+        if config.max_model_len:
+            max_positions = max(max_positions, config.max_model_len)
+        with torch.device(config.device):
+            model = LlamaModel(hf_config, max_positions).to(config.dtype)
+        model.rotary.float()
+        model.requires_grad_(False)
+        load_weights(model, config.model_path)
+        model.eval()
+        head_dim = model.layers[0].self_attn.head_dim
+        spec = kv_cache.KVCacheSpec(
+            num_layers=hf_config.num_hidden_layers,
+            num_kv_heads=hf_config.num_key_value_heads,
+            head_dim=head_dim,
+            block_size=config.block_size,
+            dtype=config.dtype,
+        )
+        budget = kv_cache.budget_bytes(
+            config.device, config.kv_cache_memory, config.kv_cache_fraction
+        )
+        num_blocks = budget // spec.bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(f"KV cache budget of {budget} bytes holds no block")
+        caches = kv_cache.allocate(spec, num_blocks, config.device)
+        max_model_len = min(
+            config.max_model_len or hf_config.max_position_embeddings,
+            num_blocks * config.block_size,
+        )
+        return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> dict[int, SampleResult]:
+        for seq_id in sched.finished_seq_ids:
+            self._generators.pop(seq_id, None)
+        if sched.blocks_to_copy:
+            self._copy_blocks(sched.blocks_to_copy)
+        if not sched.chunks:
+            return {}
+        chunks = sorted(sched.chunks, key=lambda c: c.num_tokens != 1)  # stable
+        input_ids, positions, meta, sample_rows = self._prepare(chunks)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        sampling = [c for c in chunks if c.num_samples]
+        if not sampling:
+            return {}
+        logits = self.model.compute_logits(hidden[sample_rows])
+        rows = [self._sampling_row(c) for c in sampling]
+        results = sample(logits, rows, self.eos_token_ids)
+        return {c.seq_id: r for c, r in zip(sampling, results, strict=True)}
+
+    def _prepare(
+        self, chunks: list[ScheduledChunk]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
+        decode_tables, decode_lens, prefills = [], [], []
+        for chunk in chunks:
+            q_start = len(token_ids)
+            table = chunk.block_table
+            end = chunk.start_pos + chunk.num_tokens
+            token_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start_pos, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.start_pos, end))
+            if chunk.num_samples:
+                sample_rows.append(len(token_ids) - 1)
+            if chunk.num_tokens == 1:
+                decode_tables.append(table)
+                decode_lens.append(end)
+            else:
+                prefills.append((q_start, chunk.num_tokens, chunk.start_pos, table))
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
+            num_decodes=len(decode_tables),
+            decode_slots=None,
+            decode_mask=None,
+            prefills=[self._prefill_chunk(*p) for p in prefills],
+        )
+        if decode_tables:
+            meta.decode_slots, meta.decode_mask = self._decode_slots(decode_tables, decode_lens)
+        return (
+            torch.tensor(token_ids, dtype=torch.long).to(device, non_blocking=True),
+            torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
+            meta,
+            torch.tensor(sample_rows, dtype=torch.long).to(device, non_blocking=True),
+        )
+
+    def _decode_slots(
+        self, tables: list[list[int]], lens: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded context slots [B, max_len] and the mask of real ones [B, 1, 1, max_len]."""
+        bs = self.block_size
+        max_len = max(lens)
+        width = -(-max_len // bs)
+        padded = torch.zeros(len(tables), width, dtype=torch.long)
+        for i, table in enumerate(tables):
+            n = min(len(table), width)
+            padded[i, :n] = torch.tensor(table[:n], dtype=torch.long)
+        offsets = torch.arange(max_len)
+        slot_ids = padded[:, offsets // bs] * bs + offsets % bs
+        mask = offsets.unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        return (
+            slot_ids.to(self.device, non_blocking=True),
+            mask[:, None, None, :].to(self.device, non_blocking=True),
+        )
+
+    def _prefill_chunk(
+        self, q_start: int, q_len: int, start_pos: int, table: list[int]
+    ) -> PrefillChunk:
+        bs = self.block_size
+        ctx = start_pos + q_len
+        blocks = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long)
+        pos = torch.arange(ctx)
+        kv_slots = blocks[pos // bs] * bs + pos % bs
+        return PrefillChunk(
+            q_start=q_start,
+            q_len=q_len,
+            start_pos=start_pos,
+            kv_slots=kv_slots.to(self.device, non_blocking=True),
+            mask=causal_mask(start_pos, q_len, self.group, self.device),
+        )
+
+    def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
+        generator = None
+        if chunk.seed is not None and not chunk.sampling_params.greedy:
+            generator = self._generators.get(chunk.seq_id)
+            if generator is None:
+                generator = torch.Generator(device=self.device).manual_seed(chunk.seed)
+                self._generators[chunk.seq_id] = generator
+        return SamplingRow(
+            params=chunk.sampling_params,
+            num_samples=chunk.num_samples,
+            generator=generator,
+            prompt_token_ids=chunk.prompt_token_ids,
+            output_token_ids=chunk.output_token_ids,
+            num_output_tokens=chunk.num_output_tokens,
+        )
+
+    def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        offsets = torch.arange(bs)
+        src = (torch.tensor([s for s, _ in pairs])[:, None] * bs + offsets).flatten()
+        dst = (torch.tensor([d for _, d in pairs])[:, None] * bs + offsets).flatten()
+        src, dst = src.to(self.device), dst.to(self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))

@@ -1,0 +1,153 @@
+"""Turn the logits of each sampling row into tokens, per the row's own SamplingParams.
+
+Sampling uses the exponential-race trick (argmax of p / Exp(1) noise) so each seeded row
+draws its noise from its own generator: its tokens do not depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workers.engine.outputs import TokenLogprob
+from workers.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    params: SamplingParams
+    num_samples: int
+    generator: torch.Generator | None
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_output_tokens: int
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: list[int]) -> list[
+    SampleResult
+]:
+    """logits: [len(rows), vocab] float32. Returns one result per row (num_samples tokens)."""
+    if any(row.num_samples != 1 for row in rows):
+        index = torch.tensor(
+            [i for i, row in enumerate(rows) for _ in range(row.num_samples)],
+            device=logits.device,
+        )
+        logits = logits.index_select(0, index)
+        flat = [row for row in rows for _ in range(row.num_samples)]
+    else:
+        flat = rows
+    want_logprobs = [i for i, row in enumerate(flat) if row.params.logprobs is not None]
+    raw_logprobs = (
+        torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
+    )
+    _apply_penalties(logits, flat, eos_token_ids)
+    tokens = _choose(logits, flat)
+    token_list = tokens.tolist()
+    per_flat_logprobs: dict[int, TokenLogprob] = {}
+    if raw_logprobs is not None:
+        per_flat_logprobs = _gather_logprobs(raw_logprobs, want_logprobs, flat, token_list)
+    results, pos = [], 0
+    for row in rows:
+        span = range(pos, pos + row.num_samples)
+        results.append(
+            SampleResult(
+                token_ids=[token_list[i] for i in span],
+                logprobs=[per_flat_logprobs[i] for i in span]
+                if row.params.logprobs is not None
+                else None,
+            )
+        )
+        pos += row.num_samples
+    return results
+
+
+def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], eos: list[int]) -> None:
+    vocab = logits.shape[-1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.uses_penalties:
+            _penalize(logits[i], row, vocab)
+        if row.num_output_tokens < p.min_tokens:
+            banned = [t for t in [*eos, *p.stop_token_ids] if t < vocab]
+            logits[i, banned] = float("-inf")
+
+
+def _penalize(row_logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
+    p = row.params
+    device = row_logits.device
+    if row.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+        out_ids = torch.tensor(row.output_token_ids, device=device)
+        counts = torch.bincount(out_ids, minlength=vocab).to(row_logits.dtype)
+        row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(
+            sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
+            device=device, dtype=torch.long,
+        )
+        if seen.numel():
+            values = row_logits[seen]
+            row_logits[seen] = torch.where(
+                values > 0, values / p.repetition_penalty, values * p.repetition_penalty
+            )
+
+
+def _choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    tokens = logits.argmax(dim=-1)
+    random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
+    if not random_rows:
+        return tokens
+    sub = logits[random_rows]
+    params = [rows[i].params for i in random_rows]
+    temps = torch.tensor([p.temperature for p in params], device=sub.device).unsqueeze(1)
+    sub = sub / temps
+    if any(p.top_k or p.top_p < 1.0 for p in params):
+        sub = _top_k_top_p(sub, params)
+    probs = torch.softmax(sub, dim=-1)
+    min_ps = torch.tensor([p.min_p for p in params], device=sub.device).unsqueeze(1)
+    if bool((min_ps > 0).any()):
+        probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+    noise = torch.empty_like(probs)
+    for j, i in enumerate(random_rows):
+        noise[j].exponential_(generator=rows[i].generator)
+    tokens[random_rows] = (probs / noise).argmax(dim=-1)
+    return tokens
+
+
+def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Mask tokens outside each row's top_k and its top_p nucleus."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    ks = torch.tensor([p.top_k or vocab for p in params], device=logits.device).unsqueeze(1)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    sorted_logits = sorted_logits.masked_fill(ranks >= ks, float("-inf"))
+    top_ps = torch.tensor([p.top_p for p in params], device=logits.device).unsqueeze(1)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
+    sorted_logits = sorted_logits.masked_fill(before >= top_ps, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def _gather_logprobs(
+    raw: torch.Tensor, flat_rows: list[int], rows: list[SamplingRow], tokens: list[int]
+) -> dict[int, TokenLogprob]:
+    chosen_ids = torch.tensor([tokens[i] for i in flat_rows], device=raw.device)
+    chosen = raw.gather(1, chosen_ids.unsqueeze(1)).squeeze(1).tolist()
+    k = max(rows[i].params.logprobs or 0 for i in flat_rows)
+    top_values, top_ids = raw.topk(max(k, 1), dim=-1)
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    result = {}
+    for j, i in enumerate(flat_rows):
+        n = rows[i].params.logprobs or 0
+        result[i] = TokenLogprob(
+            token_id=tokens[i],
+            logprob=chosen[j],
+            top=list(zip(top_ids[j][:n], top_values[j][:n], strict=True)),
+        )
+    return result
