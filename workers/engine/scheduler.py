@@ -85,6 +85,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if num_new == 0:  # its next token has not been sampled yet
+                i += 1
+                continue
             if not self._make_room(seq, num_new, out):
                 break  # seq itself was the last one left to preempt
             out.chunks.append(self._allocate(seq, num_new, out))

@@ -1,0 +1,107 @@
+"""The engine against HF generate() on tiny random Llamas: exact tokens, in every regime."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.conftest import build_tiny_llama
+from tests.workers.hf_reference import hf_greedy, hf_model
+from workers import LLM, SamplingParams
+
+MAX_NEW = 24
+
+
+def random_prompts(count: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(100, 40000) for _ in range(rng.randint(lo, hi))] for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_path):
+    model = hf_model(tiny_llama_path)
+    prompts = random_prompts(12)
+    return prompts, [hf_greedy(model, p, MAX_NEW, eos=False) for p in prompts]
+
+
+def greedy(max_tokens: int = MAX_NEW) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def test_greedy_batch_matches_hf(tiny_llama_path, reference):
+    prompts, expected = reference
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20)
+    outputs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outputs] == expected
+    assert [o.prompt_token_ids for o in outputs] == prompts
+    assert all(o.finish_reason == "length" for o in outputs)
+    assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_tiny_token_budget_forces_chunked_prefill(tiny_llama_path, reference):
+    prompts, expected = reference
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=7)
+    outputs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outputs] == expected
+
+
+def test_small_pool_forces_preemption_with_identical_output(tiny_llama_path, reference):
+    prompts, expected = reference
+    # 10 blocks of 16 tokens: far less than 12 prompts of up to 84 tokens need at once
+    llm = LLM(
+        str(tiny_llama_path), block_size=16, kv_cache_memory=10 * 16 * 2 * 3 * 2 * 16 * 4,
+    )
+    assert llm.engine.runner.num_blocks == 10
+    outputs = llm.generate(prompts, greedy())
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert sum(o.metrics.num_preemptions for o in outputs) > 0
+    assert [o.token_ids for o in outputs] == expected
+    assert llm.engine.block_manager.num_free_blocks == 10
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({"tie_word_embeddings": False, "num_key_value_heads": 4}, id="untied-mha"),
+        pytest.param(
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+            id="rope-linear",
+        ),
+        pytest.param(
+            {
+                "rope_parameters": {
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                    "rope_theta": 500000.0,
+                },
+                "num_key_value_heads": 1,
+            },
+            id="rope-llama3-mqa",
+        ),
+    ],
+)
+def test_architecture_variants_match_hf(tmp_path, tokenizer, overrides):
+    path = build_tiny_llama(tmp_path, tokenizer, **overrides)
+    model = hf_model(path)
+    prompts = random_prompts(4, seed=3, lo=20, hi=90)
+    expected = [hf_greedy(model, p, 16, eos=False) for p in prompts]
+    llm = LLM(str(path), kv_cache_memory=4 << 20, max_num_batched_tokens=64)
+    assert [o.token_ids for o in llm.generate(prompts, greedy(16))] == expected
+
+
+def test_eos_stops_generation_like_hf(tmp_path, tokenizer, reference):
+    """Make a token the model really emits its EOS: the engine stops where HF stops."""
+    prompts, expected_free = reference
+    eos = expected_free[0][5]
+    path = build_tiny_llama(tmp_path, tokenizer, eos_token_id=eos)  # same seed, same weights
+    model = hf_model(path)
+    expected = [hf_greedy(model, p, MAX_NEW) for p in prompts]
+    assert expected[0] == expected_free[0][:6]
+    llm = LLM(str(path), kv_cache_memory=4 << 20)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
+    assert [o.token_ids for o in outputs] == expected
+    for out in outputs:
+        assert out.finish_reason == ("stop" if out.token_ids[-1] == eos else "length")
+    ignored = llm.generate(prompts[:1], greedy())[0]
+    assert ignored.token_ids == expected_free[0]
