@@ -1,0 +1,80 @@
+"""The sampler's arithmetic on hand-made logits."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from workers.engine.sampling_params import SamplingParams
+from workers.runner.sampler import SamplingRow, sample
+
+
+def row(params: SamplingParams, *, prompt=(), output=(), n=1, seed=None) -> SamplingRow:
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return SamplingRow(params, n, generator, list(prompt), list(output), len(output))
+
+
+def test_frequency_and_presence_penalties_subtract_per_count():
+    logits = torch.tensor([[5.0, 4.9, 1.0, 0.0]])
+    params = SamplingParams(temperature=0, frequency_penalty=0.5, presence_penalty=0.25)
+    # token 0 was generated twice: 5.0 - 2*0.5 - 0.25 = 3.75 < 4.9 -> token 1 wins
+    result = sample(logits.clone(), [row(params, output=[0, 0, 2])], eos_token_ids=[])
+    assert result[0].token_ids == [1]
+    alone = sample(logits.clone(), [row(SamplingParams(temperature=0))], eos_token_ids=[])
+    assert alone[0].token_ids == [0]
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[3.0, 2.0, -1.0, -1.5]])
+    params = SamplingParams(temperature=0, repetition_penalty=2.0)
+    # token 0 seen in the prompt: 3.0 / 2 = 1.5 < 2.0 -> token 1
+    assert sample(logits.clone(), [row(params, prompt=[0])], [])[0].token_ids == [1]
+    # negative seen logits get worse: -1 * 2 = -2 < -1.5
+    only_neg = torch.tensor([[-1.0, -1.5, -9.0, -9.0]])
+    assert sample(only_neg, [row(params, prompt=[0])], [])[0].token_ids == [1]
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    logits = torch.tensor([[9.0, 8.0, 1.0]])
+    params = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1])
+    early = sample(logits.clone(), [row(params, output=[2])], eos_token_ids=[0])
+    assert early[0].token_ids == [2]
+    late = sample(logits.clone(), [row(params, output=[2, 2])], eos_token_ids=[0])
+    assert late[0].token_ids == [0]
+
+
+def test_seeded_rows_do_not_depend_on_neighbours():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 1000)
+    params = SamplingParams(temperature=1.0, seed=42)
+    solo = sample(logits[1:2].clone(), [row(params, seed=42)], [])[0].token_ids
+    other = SamplingParams(temperature=1.0)
+    batch = sample(logits.clone(), [row(other), row(params, seed=42), row(other)], [])
+    assert batch[1].token_ids == solo
+
+
+def test_n_samples_from_one_row_and_logprobs_of_each():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    params = SamplingParams(temperature=1.0, n=64, logprobs=2, seed=1)
+    result = sample(logits.clone(), [row(params, n=64, seed=1)], [])[0]
+    assert len(result.token_ids) == 64
+    assert set(result.token_ids) <= {0, 1, 2, 3} and len(set(result.token_ids)) > 1
+    expected = torch.log_softmax(logits[0], dim=0)
+    for token, lp in zip(result.token_ids, result.logprobs, strict=True):
+        assert lp.token_id == token
+        assert math.isclose(lp.logprob, expected[token].item(), rel_tol=1e-6)
+        assert [t for t, _ in lp.top] == [0, 1]
+
+
+def test_top_k_and_top_p_keep_only_allowed_tokens():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]] * 2)
+    k2 = SamplingParams(temperature=5.0, top_k=2)
+    p = SamplingParams(temperature=1.0, top_p=0.7)  # probs .64 .24 ...: nucleus = {0, 1}
+    seen: set[int] = set()
+    gens = [torch.Generator().manual_seed(i) for i in range(200)]
+    for g in gens:
+        rows = [SamplingRow(k2, 1, g, [], [], 0), SamplingRow(p, 1, g, [], [], 0)]
+        for result in sample(logits.clone(), rows, []):
+            seen.update(result.token_ids)
+    assert seen == {0, 1}
