@@ -257,9 +257,10 @@ class LLMEngine:
             reason = FinishReason.STOP
         elif token in params.stop_token_ids:
             reason, sample.stop_reason = FinishReason.STOP, token
-        elif seq.num_output_tokens >= (params.max_tokens or 0):
-            reason = FinishReason.LENGTH
-        elif seq.num_tokens >= self.max_model_len:
+        elif (
+            seq.num_output_tokens >= (params.max_tokens or 0)
+            or seq.num_tokens >= self.max_model_len
+        ):
             reason = FinishReason.LENGTH
         else:
             return

@@ -17,7 +17,7 @@ def test_hf_folder_is_used_in_place(tiny_llama_path):
 def test_missing_or_wrong_paths_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError):
         resolve_model(tmp_path / "nope")
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         resolve_model(tmp_path)
 
 

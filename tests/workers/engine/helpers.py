@@ -11,7 +11,8 @@ _ids = itertools.count()
 
 
 def make_seq(
-    num_prompt: int, *, priority: int = 0, n: int = 1, max_tokens: int = 16, seq_id: int | None = None
+    num_prompt: int, *, priority: int = 0, n: int = 1, max_tokens: int = 16,
+    seq_id: int | None = None,
 ) -> Sequence:
     sid = next(_ids) if seq_id is None else seq_id
     seq = Sequence(

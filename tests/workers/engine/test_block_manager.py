@@ -1,6 +1,5 @@
-from workers.engine.block_manager import BlockManager
-
 from tests.workers.engine.helpers import make_seq
+from workers.engine.block_manager import BlockManager
 
 
 def test_allocate_grows_block_table_in_free_list_order():

