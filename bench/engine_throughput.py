@@ -762,8 +762,10 @@ def print_table(report: dict[str, Any]) -> None:
                           for r in busy) + ": those numbers are not clean")
     if not report["threads_identical"]:
         print("\nwarning: torch thread counts differed between systems:", report["thread_counts"])
+    ref = next((r["greedy_reference"] for r in report["results"] if "greedy_reference" in r),
+               "hf_static/offline")
     print(f"\nengine x = engine tok/s / system tok/s (same mode); agree = % of requests whose "
-          f"first {HEAD_TOKENS} greedy tokens match hf_static")
+          f"first {HEAD_TOKENS} greedy tokens match {ref}")
 
 
 def parent_main(args: argparse.Namespace) -> int:
@@ -869,42 +871,43 @@ def default_results_path(args: argparse.Namespace, standard: bool) -> Path:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """CLI; the hidden flags are how the parent hands settings to its children."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--num-requests", type=int, default=STANDARD["num_requests"])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    d = "(default %(default)s)"
+    p.add_argument("--num-requests", type=int, default=STANDARD["num_requests"], help=d)
     p.add_argument("--max-prompt", type=int, default=STANDARD["max_prompt"],
-                   help="prompt lengths are spread over [16, this] tokens (after templating)")
+                   help=f"prompt lengths spread over [16, this] tokens, templated {d}")
     p.add_argument("--max-output", type=int, default=STANDARD["max_output"],
-                   help="max_tokens are spread over [16, this]")
-    p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--mode", choices=("offline", "online", "both"), default="both")
-    p.add_argument("--rate", type=float, default=2.0, help="online Poisson arrival rate, req/s")
+                   help=f"max_tokens spread over [16, this] {d}")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=d)
+    p.add_argument("--mode", choices=("offline", "online", "both"), default="both", help=d)
+    p.add_argument("--rate", type=float, default=2.0, help=f"online Poisson arrivals, req/s {d}")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
-    p.add_argument("--seed", type=int, default=STANDARD["seed"])
+    p.add_argument("--seed", type=int, default=STANDARD["seed"], help=d)
     p.add_argument("--model-config", default="smollm2", choices=("smollm2", *MODEL_CONFIGS),
                    help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape")
     p.add_argument("--threads", type=int, default=0,
-                   help="torch.set_num_threads in every child (0 = leave torch's default)")
+                   help="torch.set_num_threads in every child (default 0 = torch's own default)")
     p.add_argument("--kv-cache-mib", type=float, default=None,
                    help="KV budget for engine and hf_batch (default: fits all requests at once)")
     p.add_argument("--max-num-seqs", type=int, default=64,
-                   help="engine max_num_seqs = hf_batch max_requests_per_batch")
+                   help=f"engine max_num_seqs = hf_batch max_requests_per_batch {d}")
     p.add_argument("--max-batched-tokens", type=int, default=None,
                    help="engine max_num_batched_tokens = hf_batch max_batch_tokens "
                         "(default 2048 on CPU, 8192 on CUDA)")
-    p.add_argument("--block-size", type=int, default=0, help="engine block_size (0 = default)")
+    p.add_argument("--block-size", type=int, default=0,
+                   help="engine block_size (default 0 = the engine's default)")
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE",
                    help="extra LLM(...) keyword, value parsed as JSON when possible; repeatable")
-    p.add_argument("--static-batch-size", type=int, default=8)
+    p.add_argument("--static-batch-size", type=int, default=8, help=f"hf_static batch size {d}")
     p.add_argument("--hf-batch-attn", default="sdpa",
-                   help="hf_batch attention; 'paged|sdpa' is the deprecated alias of sdpa")
+                   help=f"hf_batch attention {d}; 'paged|sdpa' is a deprecated alias of sdpa")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the CUDA decode memory-bandwidth measurement")
-    p.add_argument("--bw-batches", default="1,8,32")
-    p.add_argument("--bw-prompt", type=int, default=256)
-    p.add_argument("--bw-short", type=int, default=16)
-    p.add_argument("--bw-long", type=int, default=144)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per system")
+    p.add_argument("--bw-batches", default="1,8,32", help=f"decode-bandwidth batch sizes {d}")
+    p.add_argument("--bw-prompt", type=int, default=256, help=f"decode-bandwidth prompt {d}")
+    p.add_argument("--bw-short", type=int, default=16, help=f"shorter output length {d}")
+    p.add_argument("--bw-long", type=int, default=144, help=f"longer output length {d}")
+    p.add_argument("--timeout", type=float, default=3600.0, help=f"seconds per system {d}")
     p.add_argument("--results", default=None, help="JSON path (default under bench/results/)")
     p.add_argument("--verbose", action="store_true", help="show the children's output")
     hidden = argparse.SUPPRESS
