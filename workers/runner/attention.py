@@ -1,11 +1,16 @@
 """Attention over the paged KV pool for one flattened batch.
 
 The pool of a layer is `[num_blocks * block_size, num_kv_heads, head_dim]`; a token's slot is
-`block_table[pos // block_size] * block_size + pos % block_size`. Decode rows come first in
-the batch and are served together: their context slots are gathered into one padded tensor
-and handled by one SDPA call. Each prefill chunk is one SDPA call over its own context.
-Grouped-query attention is done by folding the query heads of a KV head into the query
-length, so K and V are never repeated.
+`block_table[pos // block_size] * block_size + pos % block_size`.
+
+- Decode rows (one query token each) come first in the batch. They are served in groups of
+  similar context length, so little padding is read: each group gathers whole blocks of its
+  sequences into one padded tensor and makes one SDPA call.
+- A prefill chunk that starts at position 0 attends only to its own fresh K/V: causal SDPA,
+  nothing read from the pool. A later chunk gathers its context and uses an explicit mask.
+
+Grouped-query attention folds the query heads of a KV head into the query length, so K and V
+are never repeated.
 """
 
 from __future__ import annotations
@@ -17,23 +22,84 @@ import torch.nn.functional as F
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows [row_start, row_start + num_rows) with their padded block tables."""
+
+    row_start: int
+    num_rows: int
+    block_tables: torch.Tensor  # [num_rows, max_blocks], padded with block 0
+    mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size], True = attend
+
+
+@dataclass
 class PrefillChunk:
     """A run of query rows of one sequence: rows [q_start, q_start + q_len)."""
 
     q_start: int
     q_len: int
     start_pos: int
-    kv_slots: torch.Tensor  # slots of positions [0, start_pos + q_len)
-    mask: torch.Tensor  # [group * q_len, start_pos + q_len], True = attend
+    kv_slots: torch.Tensor | None  # slots of positions [0, start_pos + q_len); None if start 0
+    mask: torch.Tensor | None  # [group * q_len, start_pos + q_len]; None if start 0
 
 
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
-    num_decodes: int
-    decode_slots: torch.Tensor | None  # [num_decodes, max_context] padded with slot 0
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_context] True = attend
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+
+
+# Decode rows are grouped by context length; a group never holds more rows than this, so
+# short contexts are not padded to the longest one in the batch.
+DECODE_GROUP_ROWS = 16
+
+
+def build_metadata(
+    seqs: list[tuple[int, int, list[int]]], block_size: int, group: int, device: torch.device
+) -> AttentionMetadata:
+    """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
+    by context length. Index tensors are built on the CPU and moved once."""
+    bs = block_size
+    slots: list[int] = []
+    for start, q_len, table in seqs:
+        slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + q_len))
+    num_decodes = sum(1 for _, q_len, _ in seqs if q_len == 1)
+    decodes = seqs[:num_decodes]
+    groups = []
+    for first in range(0, num_decodes, DECODE_GROUP_ROWS):
+        rows = decodes[first : first + DECODE_GROUP_ROWS]
+        lens = [start + 1 for start, _, _ in rows]
+        width = -(-max(lens) // bs)
+        padded = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, (_, _, table) in enumerate(rows):
+            used = table[:width]
+            padded[r, : len(used)] = torch.tensor(used, dtype=torch.long)
+        mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        groups.append(
+            DecodeGroup(
+                row_start=first,
+                num_rows=len(rows),
+                block_tables=padded.to(device, non_blocking=True),
+                mask=mask[:, None, None, :].to(device, non_blocking=True),
+            )
+        )
+    prefills, q_start = [], num_decodes
+    for start, q_len, table in seqs[num_decodes:]:
+        if start == 0:
+            prefills.append(PrefillChunk(q_start, q_len, 0, kv_slots=None, mask=None))
+        else:
+            ctx = start + q_len
+            blocks = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long)
+            pos = torch.arange(ctx)
+            kv_slots = (blocks[pos // bs] * bs + pos % bs).to(device, non_blocking=True)
+            mask = causal_mask(start, q_len, group, device)
+            prefills.append(PrefillChunk(q_start, q_len, start, kv_slots, mask))
+        q_start += q_len
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
+        decode_groups=groups,
+        prefills=prefills,
+    )
 
 
 def write_kv(
@@ -46,39 +112,53 @@ def write_kv(
 
 def paged_attention(
     q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    block_size: int,
 ) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim] -> [num_tokens, num_heads, head_dim]."""
-    out = torch.empty_like(q)
-    num_kv_heads = k_cache.shape[1]
-    if meta.num_decodes:
-        assert meta.decode_slots is not None and meta.decode_mask is not None
-        out[: meta.num_decodes] = _decode(
-            q[: meta.num_decodes], k_cache, v_cache, meta.decode_slots, meta.decode_mask, scale
-        )
+    """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled."""
+    parts = []
+    for group in meta.decode_groups:
+        rows = slice(group.row_start, group.row_start + group.num_rows)
+        parts.append(_decode(q[rows], k_cache, v_cache, group, scale, block_size))
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
-        k = k_cache[chunk.kv_slots]
-        v = v_cache[chunk.kv_slots]
-        out[rows] = _prefill(q[rows], k, v, chunk.mask, num_kv_heads, scale)
-    return out
+        if chunk.kv_slots is None:
+            parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
+        else:
+            assert chunk.mask is not None
+            ctx_k, ctx_v = k_cache[chunk.kv_slots], v_cache[chunk.kv_slots]
+            parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slots: torch.Tensor, mask: torch.Tensor, scale: float,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+    scale: float, block_size: int,
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
-    group = num_heads // num_kv_heads
-    k = k_cache[slots].transpose(1, 2)  # [B, kvh, L, d]
-    v = v_cache[slots].transpose(1, 2)
-    qg = q.view(batch, num_kv_heads, group, head_dim)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    width = group.block_tables.shape[1] * block_size
+    blocks = (-1, block_size, num_kv_heads, head_dim)
+    k = k_cache.view(blocks)[group.block_tables].view(batch, width, num_kv_heads, head_dim)
+    v = v_cache.view(blocks)[group.block_tables].view(batch, width, num_kv_heads, head_dim)
+    qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scale
+    )
     return o.reshape(batch, num_heads, head_dim)
+
+
+def _prefill_fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale, enable_gqa=True,
+    )
+    return o[0].transpose(0, 1)
 
 
 def causal_mask(start_pos: int, q_len: int, group: int, device: torch.device) -> torch.Tensor:
@@ -89,17 +169,18 @@ def causal_mask(start_pos: int, q_len: int, group: int, device: torch.device) ->
     return mask.repeat(group, 1)
 
 
-def _prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-    num_kv_heads: int, scale: float,
+def _prefill_cached(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
 ) -> torch.Tensor:
     q_len, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
     group = num_heads // num_kv_heads
     # [q_len, kvh*group, d] -> [kvh, group*q_len, d]: row r of a group is query r % q_len.
     qg = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * q_len, head_dim)
-    kt, vt = k.transpose(0, 1), v.transpose(0, 1)  # [kvh, L, d]
-    o = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(
+        qg, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )
     o = o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
     return o.reshape(q_len, num_heads, head_dim)
 

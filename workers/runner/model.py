@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
-from workers.runner.rope import RotaryEmbedding
+from workers.runner.rope import RotaryEmbedding, apply_rotary
+
+Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -30,7 +32,7 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -42,23 +44,22 @@ class Attention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
-        self.rotary = rotary
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+        self, rope: Rope, x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, block_size: int,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, block_size)
+        return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
 class MLP(nn.Module):
@@ -77,18 +78,18 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, rotary)
+        self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+        self, rope: Rope, x: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, block_size: int,
     ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta, block_size)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -99,12 +100,9 @@ class LlamaModel(nn.Module):
         head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
         )
-        rotary = RotaryEmbedding(config, head_dim, max_positions)
-        self.rotary = rotary  # shared by every layer; its tables stay float32
+        self.rotary = RotaryEmbedding(config, head_dim, max_positions)  # stays float32
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, rotary) for _ in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
@@ -113,11 +111,13 @@ class LlamaModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+        block_size: int,
     ) -> torch.Tensor:
         """Final hidden states for every token of the flattened batch."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(positions, x, kv_cache, meta)
+            x = layer(rope, x, kv_cache, meta, block_size)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

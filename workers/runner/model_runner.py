@@ -16,12 +16,13 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.runner import kv_cache
-from workers.runner.attention import AttentionMetadata, PrefillChunk, causal_mask
+from workers.runner.attention import AttentionMetadata, build_metadata
 from workers.runner.loader import load_weights
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 
 logger = logging.getLogger(__name__)
+
 
 
 @dataclass
@@ -107,9 +108,12 @@ class ModelRunner:
             self._copy_blocks(sched.blocks_to_copy)
         if not sched.chunks:
             return {}
-        chunks = sorted(sched.chunks, key=lambda c: c.num_tokens != 1)  # stable
+        # decodes first, shortest context first (for grouping); then prefill chunks
+        chunks = sorted(
+            sched.chunks, key=lambda c: (c.num_tokens != 1, c.start_pos if c.num_tokens == 1 else 0)
+        )
         input_ids, positions, meta, sample_rows = self._prepare(chunks)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size)
         sampling = [c for c in chunks if c.num_samples]
         if not sampling:
             return {}
@@ -121,76 +125,24 @@ class ModelRunner:
     def _prepare(
         self, chunks: list[ScheduledChunk]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
-        bs = self.block_size
         token_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
         sample_rows: list[int] = []
-        decode_tables, decode_lens, prefills = [], [], []
         for chunk in chunks:
-            q_start = len(token_ids)
-            table = chunk.block_table
-            end = chunk.start_pos + chunk.num_tokens
             token_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_pos, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(chunk.start_pos, end))
+            positions.extend(range(chunk.start_pos, chunk.start_pos + chunk.num_tokens))
             if chunk.num_samples:
                 sample_rows.append(len(token_ids) - 1)
-            if chunk.num_tokens == 1:
-                decode_tables.append(table)
-                decode_lens.append(end)
-            else:
-                prefills.append((q_start, chunk.num_tokens, chunk.start_pos, table))
-        device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
-            num_decodes=len(decode_tables),
-            decode_slots=None,
-            decode_mask=None,
-            prefills=[self._prefill_chunk(*p) for p in prefills],
+        meta = build_metadata(
+            [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
+            self.block_size, self.group, self.device,
         )
-        if decode_tables:
-            meta.decode_slots, meta.decode_mask = self._decode_slots(decode_tables, decode_lens)
+        device = self.device
         return (
             torch.tensor(token_ids, dtype=torch.long).to(device, non_blocking=True),
             torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
             meta,
             torch.tensor(sample_rows, dtype=torch.long).to(device, non_blocking=True),
-        )
-
-    def _decode_slots(
-        self, tables: list[list[int]], lens: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded context slots [B, max_len] and the mask of real ones [B, 1, 1, max_len]."""
-        bs = self.block_size
-        max_len = max(lens)
-        width = -(-max_len // bs)
-        padded = torch.zeros(len(tables), width, dtype=torch.long)
-        for i, table in enumerate(tables):
-            n = min(len(table), width)
-            padded[i, :n] = torch.tensor(table[:n], dtype=torch.long)
-        offsets = torch.arange(max_len)
-        slot_ids = padded[:, offsets // bs] * bs + offsets % bs
-        mask = offsets.unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
-        return (
-            slot_ids.to(self.device, non_blocking=True),
-            mask[:, None, None, :].to(self.device, non_blocking=True),
-        )
-
-    def _prefill_chunk(
-        self, q_start: int, q_len: int, start_pos: int, table: list[int]
-    ) -> PrefillChunk:
-        bs = self.block_size
-        ctx = start_pos + q_len
-        blocks = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long)
-        pos = torch.arange(ctx)
-        kv_slots = blocks[pos // bs] * bs + pos % bs
-        return PrefillChunk(
-            q_start=q_start,
-            q_len=q_len,
-            start_pos=start_pos,
-            kv_slots=kv_slots.to(self.device, non_blocking=True),
-            mask=causal_mask(start_pos, q_len, self.group, self.device),
         )
 
     def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:

@@ -64,16 +64,16 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", angles.cos() * scale, persistent=False)
         self.register_buffer("sin", angles.sin() * scale, persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin rows for this step's positions, computed once and shared by all layers."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
     """Rotate halves (HF's layout, not interleaved), in float32 for accuracy."""
-    x1, x2 = x.float().chunk(2, dim=-1)
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+    return out if out.dtype == x.dtype else out.to(x.dtype)

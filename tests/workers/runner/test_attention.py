@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from workers.runner.attention import (
-    AttentionMetadata,
-    PrefillChunk,
-    causal_mask,
+    build_metadata,
     paged_attention,
     reference_attention,
     write_kv,
@@ -17,48 +15,41 @@ from workers.runner.attention import (
 BLOCK = 4
 
 
-def build(seqs, num_heads=6, num_kv_heads=2, head_dim=8, num_blocks=32, seed=0):
-    """seqs: (start_pos, q_len). Blocks are handed out shuffled so tables are not contiguous."""
+def build(seqs, num_heads=6, num_kv_heads=2, head_dim=8, num_blocks=512, seed=0):
+    """seqs: (start_pos, q_len). Blocks are handed out shuffled so tables are not contiguous.
+
+    Returns the batch in the runner's order: decodes by context length, then prefills.
+    """
     g = torch.Generator().manual_seed(seed)
     k_cache = torch.randn(num_blocks * BLOCK, num_kv_heads, head_dim, generator=g)
     v_cache = torch.randn(num_blocks * BLOCK, num_kv_heads, head_dim, generator=g)
     free = torch.randperm(num_blocks, generator=g).tolist()
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i][1] != 1)  # decodes first
-    tables, layout, slots, q_start = {}, [], [], 0
-    for i in order:
-        start, q_len = seqs[i]
-        ctx = start + q_len
-        tables[i] = [free.pop() for _ in range(-(-ctx // BLOCK))]
-        layout.append((q_start, q_len, start, tables[i]))
-        slots += [tables[i][p // BLOCK] * BLOCK + p % BLOCK for p in range(start, ctx)]
+    ordered = sorted(seqs, key=lambda s: (s[1] != 1, s[0] if s[1] == 1 else 0))
+    batch = [(start, q_len, [free.pop() for _ in range(-(-(start + q_len) // BLOCK))])
+             for start, q_len in ordered]
+    tokens = sum(q_len for _, q_len, _ in batch)
+    q = torch.randn(tokens, num_heads, head_dim, generator=g)
+    k = torch.randn(tokens, num_kv_heads, head_dim, generator=g)
+    v = torch.randn(tokens, num_kv_heads, head_dim, generator=g)
+    return q, k, v, k_cache, v_cache, batch, num_heads // num_kv_heads
+
+
+def layout(batch):
+    """(q_start, q_len, start_pos, table) rows for the reference."""
+    rows, q_start = [], 0
+    for start, q_len, table in batch:
+        rows.append((q_start, q_len, start, table))
         q_start += q_len
-    q = torch.randn(q_start, num_heads, head_dim, generator=g)
-    k_new = torch.randn(q_start, num_kv_heads, head_dim, generator=g)
-    v_new = torch.randn(q_start, num_kv_heads, head_dim, generator=g)
-    write_kv(k_cache, v_cache, k_new, v_new, torch.tensor(slots))
-    return q, k_cache, v_cache, layout, torch.tensor(slots), num_heads // num_kv_heads
+    return rows
 
 
-def metadata(layout, slot_mapping, group) -> AttentionMetadata:
-    decodes = [entry for entry in layout if entry[1] == 1]
-    meta = AttentionMetadata(slot_mapping, len(decodes), None, None, [])
-    if decodes:
-        max_len = max(start + 1 for _, _, start, _ in decodes)
-        slots = torch.zeros(len(decodes), max_len, dtype=torch.long)
-        mask = torch.zeros(len(decodes), 1, 1, max_len, dtype=torch.bool)
-        for i, (_, _, start, table) in enumerate(decodes):
-            for p in range(start + 1):
-                slots[i, p] = table[p // BLOCK] * BLOCK + p % BLOCK
-            mask[i, ..., : start + 1] = True
-        meta.decode_slots, meta.decode_mask = slots, mask
-    for q_start, q_len, start, table in layout:
-        if q_len == 1:
-            continue
-        kv = torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start + q_len)])
-        meta.prefills.append(
-            PrefillChunk(q_start, q_len, start, kv, causal_mask(start, q_len, group, kv.device))
-        )
-    return meta
+CPU = torch.device("cpu")
+
+
+def run(q, k, v, k_cache, v_cache, batch, group, device=CPU):
+    meta = build_metadata(batch, BLOCK, group, device)
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
 @pytest.mark.parametrize(
@@ -67,14 +58,22 @@ def metadata(layout, slot_mapping, group) -> AttentionMetadata:
         pytest.param([(0, 9)], id="one-prompt"),
         pytest.param([(5, 1), (17, 1), (0, 1)], id="decodes"),
         pytest.param([(12, 1), (0, 7), (30, 1), (6, 5), (3, 1)], id="mixed-chunked"),
+        pytest.param([(i * 3 % 41, 1) for i in range(40)] + [(0, 4)], id="many-decode-groups"),
     ],
 )
 def test_batched_attention_equals_reference(seqs):
-    q, k_cache, v_cache, layout, slot_mapping, group = build(seqs)
-    scale = 8**-0.5
-    out = paged_attention(q, k_cache, v_cache, metadata(layout, slot_mapping, group), scale)
-    ref = reference_attention(q, k_cache, v_cache, layout, BLOCK, scale)
+    q, k, v, k_cache, v_cache, batch, group = build(seqs)
+    out = run(q, k, v, k_cache, v_cache, batch, group)
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_rows_are_grouped_by_length():
+    seqs = [(i, 1) for i in range(40)]
+    _, _, _, _, _, batch, group = build(seqs)
+    meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
+    assert [(g.row_start, g.num_rows) for g in meta.decode_groups] == [(0, 16), (16, 16), (32, 8)]
+    assert [g.block_tables.shape[1] for g in meta.decode_groups] == [4, 8, 10]
 
 
 def test_kv_written_at_the_slot_of_each_position():
@@ -91,18 +90,11 @@ def test_kv_written_at_the_slot_of_each_position():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bfloat16_attention_close_to_reference():
-    q, k_cache, v_cache, layout, slot_mapping, group = build([(12, 1), (0, 7), (6, 5)])
-    meta = metadata(layout, slot_mapping, group)
-    dev = torch.device("cuda")
-    meta.slot_mapping = meta.slot_mapping.to(dev)
-    meta.decode_slots = meta.decode_slots.to(dev)
-    meta.decode_mask = meta.decode_mask.to(dev)
-    for chunk in meta.prefills:
-        chunk.kv_slots, chunk.mask = chunk.kv_slots.to(dev), chunk.mask.to(dev)
-    scale = 8**-0.5
-    out = paged_attention(
-        q.to(dev, torch.bfloat16), k_cache.to(dev, torch.bfloat16),
-        v_cache.to(dev, torch.bfloat16), meta, scale,
-    )
-    ref = reference_attention(q, k_cache, v_cache, layout, BLOCK, scale)
+    q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (0, 7), (6, 5)])
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
+    write_kv(ref_k, ref_v, k, v, meta.slot_mapping)
+    ref = reference_attention(q, ref_k, ref_v, layout(batch), BLOCK, 8**-0.5)
+    out = run(*(t.to(dev, bf16) for t in (q, k, v, k_cache, v_cache)), batch, group, dev)
     torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
