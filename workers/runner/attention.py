@@ -27,8 +27,8 @@ class DecodeGroup:
 
     row_start: int
     num_rows: int
-    block_tables: torch.Tensor  # [num_rows, max_blocks], padded with block 0
-    mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size], True = attend
+    block_tables: torch.Tensor  # [num_rows * max_blocks] flattened, padded with block 0
+    mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size], 0 = attend, -inf = not
 
 
 @dataclass
@@ -39,7 +39,7 @@ class PrefillChunk:
     q_len: int
     start_pos: int
     kv_slots: torch.Tensor | None  # slots of positions [0, start_pos + q_len); None if start 0
-    mask: torch.Tensor | None  # [group * q_len, start_pos + q_len]; None if start 0
+    mask: torch.Tensor | None  # [group * q_len, start_pos + q_len] additive; None if start 0
 
 
 @dataclass
@@ -55,10 +55,15 @@ DECODE_GROUP_ROWS = 16
 
 
 def build_metadata(
-    seqs: list[tuple[int, int, list[int]]], block_size: int, group: int, device: torch.device
+    seqs: list[tuple[int, int, list[int]]], block_size: int, group: int, device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> AttentionMetadata:
     """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
-    by context length. Index tensors are built on the CPU and moved once."""
+    by context length. Index tensors are built on the CPU and moved once.
+
+    Masks are additive (0 / -inf) in the model dtype: SDPA is faster with them than with
+    boolean masks on CPU.
+    """
     bs = block_size
     slots: list[int] = []
     for start, q_len, table in seqs:
@@ -74,13 +79,13 @@ def build_metadata(
         for r, (_, _, table) in enumerate(rows):
             used = table[:width]
             padded[r, : len(used)] = torch.tensor(used, dtype=torch.long)
-        mask = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+        visible = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
         groups.append(
             DecodeGroup(
                 row_start=first,
                 num_rows=len(rows),
-                block_tables=padded.to(device, non_blocking=True),
-                mask=mask[:, None, None, :].to(device, non_blocking=True),
+                block_tables=padded.flatten().to(device, non_blocking=True),
+                mask=_additive(visible[:, None, None, :], dtype).to(device, non_blocking=True),
             )
         )
     prefills, q_start = [], num_decodes
@@ -92,7 +97,7 @@ def build_metadata(
             blocks = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long)
             pos = torch.arange(ctx)
             kv_slots = (blocks[pos // bs] * bs + pos % bs).to(device, non_blocking=True)
-            mask = causal_mask(start, q_len, group, device)
+            mask = _additive(causal_mask(start, q_len, group, device), dtype)
             prefills.append(PrefillChunk(q_start, q_len, start, kv_slots, mask))
         q_start += q_len
     return AttentionMetadata(
@@ -100,6 +105,10 @@ def build_metadata(
         decode_groups=groups,
         prefills=prefills,
     )
+
+
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible.cpu(), float("-inf"))
 
 
 def write_kv(
@@ -131,7 +140,8 @@ def paged_attention(
             parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
         else:
             assert chunk.mask is not None
-            ctx_k, ctx_v = k_cache[chunk.kv_slots], v_cache[chunk.kv_slots]
+            ctx_k = k_cache.index_select(0, chunk.kv_slots)
+            ctx_v = v_cache.index_select(0, chunk.kv_slots)
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -142,10 +152,13 @@ def _decode(
 ) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
-    width = group.block_tables.shape[1] * block_size
+    width = group.mask.shape[-1]
     blocks = (-1, block_size, num_kv_heads, head_dim)
-    k = k_cache.view(blocks)[group.block_tables].view(batch, width, num_kv_heads, head_dim)
-    v = v_cache.view(blocks)[group.block_tables].view(batch, width, num_kv_heads, head_dim)
+    # index_select over whole blocks is several times faster than advanced indexing on CPU
+    k = k_cache.view(blocks).index_select(0, group.block_tables)
+    v = v_cache.view(blocks).index_select(0, group.block_tables)
+    k = k.view(batch, width, num_kv_heads, head_dim)
+    v = v.view(batch, width, num_kv_heads, head_dim)
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
         qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.mask, scale=scale

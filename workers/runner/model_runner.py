@@ -63,6 +63,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
         config = model.config
         self.group = config.num_attention_heads // config.num_key_value_heads
         self._generators: dict[int, torch.Generator] = {}
@@ -135,7 +136,7 @@ class ModelRunner:
                 sample_rows.append(len(token_ids) - 1)
         meta = build_metadata(
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
-            self.block_size, self.group, self.device,
+            self.block_size, self.group, self.device, self.dtype,
         )
         device = self.device
         return (

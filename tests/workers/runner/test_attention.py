@@ -47,7 +47,7 @@ CPU = torch.device("cpu")
 
 
 def run(q, k, v, k_cache, v_cache, batch, group, device=CPU):
-    meta = build_metadata(batch, BLOCK, group, device)
+    meta = build_metadata(batch, BLOCK, group, device, q.dtype)
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
@@ -73,7 +73,8 @@ def test_decode_rows_are_grouped_by_length():
     _, _, _, _, _, batch, group = build(seqs)
     meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
     assert [(g.row_start, g.num_rows) for g in meta.decode_groups] == [(0, 16), (16, 16), (32, 8)]
-    assert [g.block_tables.shape[1] for g in meta.decode_groups] == [4, 8, 10]
+    assert [g.mask.shape[-1] // BLOCK for g in meta.decode_groups] == [4, 8, 10]
+    assert [g.block_tables.numel() for g in meta.decode_groups] == [64, 128, 80]
 
 
 def test_kv_written_at_the_slot_of_each_position():
