@@ -33,13 +33,16 @@ class LLM:
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else params
         if len(params_list) != len(prompts):
             raise ValueError("need one SamplingParams per prompt")
+        # Validate everything first: a bad prompt must not leave the others queued.
+        prepared = [
+            self.engine.prepare_request(prompt, p)
+            for prompt, p in zip(prompts, params_list, strict=True)
+        ]
         ids = []
-        for i, (prompt, p) in enumerate(zip(prompts, params_list, strict=True)):
+        for i, request in enumerate(prepared):
             request_id = f"offline-{self._counter}"
             self._counter += 1
-            self.engine.add_request(
-                request_id, prompt, p, priority=priority[i] if priority else 0
-            )
+            self.engine.enqueue(request_id, request, priority=priority[i] if priority else 0)
             ids.append(request_id)
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(ids):

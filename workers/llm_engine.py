@@ -137,6 +137,10 @@ class LLMEngine:
 
     def prepare_request(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
+        if params.n > self.scheduler.config.max_num_seqs:
+            raise InvalidRequestError(
+                f"n={params.n} exceeds max_num_seqs={self.scheduler.config.max_num_seqs}"
+            )
         text, token_ids = self._tokenize(prompt)
         max_tokens = self._check_length(len(token_ids), params)
         if params.max_tokens != max_tokens:

@@ -150,4 +150,8 @@ def test_prompts_that_cannot_fit_are_refused(llm):
         engine.add_request("empty", [], SamplingParams())
     with pytest.raises(InvalidRequestError, match="token ids"):
         engine.add_request("oob", [10**9], SamplingParams())
+    with pytest.raises(InvalidRequestError, match="max_num_seqs"):
+        engine.add_request("wide", [5, 6], SamplingParams(n=engine.args.max_num_seqs + 1))
+    with pytest.raises(InvalidRequestError):  # one bad prompt: nothing of the batch is queued
+        llm.generate([[5, 6, 7], []], SamplingParams(max_tokens=2))
     assert not engine.has_unfinished_requests()
