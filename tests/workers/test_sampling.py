@@ -14,7 +14,8 @@ from workers import LLM, InvalidRequestError, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_path):
-    return LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, max_num_batched_tokens=256)
+    return LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, max_num_batched_tokens=256,
+               max_num_seqs=32)
 
 
 def test_seeded_sampling_is_the_same_alone_and_in_a_busy_batch(llm):
