@@ -78,3 +78,25 @@ def test_top_k_and_top_p_keep_only_allowed_tokens():
         for result in sample(logits.clone(), rows, []):
             seen.update(result.token_ids)
     assert seen == {0, 1}
+
+
+def test_windowed_top_k_top_p_equals_the_full_sort():
+    from workers.runner.sampler import _sorted_top_k_top_p, _top_k_top_p
+
+    torch.manual_seed(0)
+    peaked = torch.randn(4, 5000) * 4  # nucleus inside the top-1024 window
+    flat = torch.randn(3, 5000) * 0.01  # nucleus far wider than the window: full sort
+    logits = torch.cat([peaked, flat])
+    params = [
+        SamplingParams(top_p=0.9), SamplingParams(top_k=40), SamplingParams(top_k=2000, top_p=0.5),
+        SamplingParams(top_p=1.0, temperature=0.7), SamplingParams(top_p=0.95),
+        SamplingParams(top_k=10, top_p=0.3), SamplingParams(top_p=0.99),
+    ]
+    expected = _sorted_top_k_top_p(logits, params)
+    expected[3] = logits[3]  # top_p=1 keeps all (a full cumsum would round the tail away)
+    got = _top_k_top_p(logits, params)
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    torch.testing.assert_close(got[~torch.isinf(got)], expected[~torch.isinf(expected)])
+    kept = (~torch.isinf(got)).sum(dim=-1).tolist()
+    assert kept[1] == 40 and kept[3] == 5000 and kept[5] <= 10
+    assert kept[4] > 1024  # the flat row really took the full-sort path
