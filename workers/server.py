@@ -6,6 +6,8 @@ It has no tenants or keys; it listens on loopback only unless told otherwise. Th
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -25,6 +27,7 @@ from workers.llm_engine import EngineOverloadedError
 from workers.openai_protocol import error_body, sampling_params
 
 MAX_BODY_BYTES = 4 << 20
+DISCONNECT_POLL_S = 0.25
 
 
 def create_app(engine: AsyncLLMEngine, model_name: str) -> Starlette:
@@ -65,10 +68,9 @@ def create_app(engine: AsyncLLMEngine, model_name: str) -> Starlette:
                     _sse(first, stream, request_id, model_name, chat, include_usage),
                     media_type="text/event-stream",
                 )
-            final = None
-            async for final in stream:  # noqa: B007 - the last output is the answer
-                pass
-            assert final is not None
+            final = await _until_done_or_disconnect(stream, request)
+            if final is None:
+                return Response(status_code=499)  # the client left; the work was aborted
             return JSONResponse(_response(final, request_id, model_name, chat))
         except InvalidRequestError as exc:
             return _error(400, str(exc), "invalid_request_error")
@@ -84,6 +86,30 @@ def create_app(engine: AsyncLLMEngine, model_name: str) -> Starlette:
         ],
         lifespan=lifespan,
     )
+
+
+async def _until_done_or_disconnect(
+    stream: AsyncIterator[RequestOutput], request: Request
+) -> RequestOutput | None:
+    """The final output, or None if the client disconnected first (the request is aborted)."""
+
+    async def last() -> RequestOutput:
+        final = None
+        async for final in stream:  # noqa: B007 - the last output is the answer
+            pass
+        assert final is not None
+        return final
+
+    task = asyncio.create_task(last())
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # closes the engine stream, which aborts the request
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
 
 
 async def _json_body(request: Request) -> dict[str, Any]:

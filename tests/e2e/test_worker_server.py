@@ -105,6 +105,24 @@ def test_bad_requests_get_openai_shaped_4xx(server, client):
     assert bad.status_code == 400 and "context length" in bad.json()["error"]["message"]
 
 
+def wait_idle(server: str) -> dict:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = httpx.get(f"{server}/health").json()
+        if stats["num_running"] == 0 and stats["kv_cache_usage"] == 0:
+            break
+        time.sleep(0.1)
+    return stats
+
+
+def test_non_streamed_client_timeout_aborts_the_engine_request(server):
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/completions", json=body, timeout=1.5)
+    stats = wait_idle(server)
+    assert stats["num_running"] == 0 and stats["kv_cache_usage"] == 0
+
+
 def test_client_disconnect_aborts_the_engine_request(server):
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000,
             "ignore_eos": True, "stream": True}
@@ -112,10 +130,5 @@ def test_client_disconnect_aborts_the_engine_request(server):
         for line in resp.iter_lines():
             if line.startswith("data: ") and json.loads(line[6:])["choices"]:
                 break  # got tokens: hang up mid-stream
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        stats = httpx.get(f"{server}/health").json()
-        if stats["num_running"] == 0 and stats["kv_cache_usage"] == 0:
-            break
-        time.sleep(0.1)
+    stats = wait_idle(server)
     assert stats["num_running"] == 0 and stats["kv_cache_usage"] == 0
