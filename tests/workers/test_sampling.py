@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -28,7 +29,7 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_busy_batch(llm):
     outputs = llm.generate([*busy_prompts[:7], prompt, *busy_prompts[7:]],
                            [noise] * 7 + [params] + [noise] * 8)
     assert outputs[7].token_ids == alone
-    other_seed = llm.generate([prompt], SamplingParams(**{**params.__dict__, "seed": 99}))
+    other_seed = llm.generate([prompt], dataclasses.replace(params, seed=99))
     assert other_seed[0].token_ids != alone
 
 

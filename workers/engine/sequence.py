@@ -74,8 +74,6 @@ class Sequence:
     arrival_order: int
     priority: int = 0
     sample_index: int = 0
-    adapter_id: str | None = None
-    cache_salt: str | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)

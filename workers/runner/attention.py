@@ -37,9 +37,8 @@ class PrefillChunk:
 
     q_start: int
     q_len: int
-    start_pos: int
-    kv_slots: torch.Tensor | None  # slots of positions [0, start_pos + q_len); None if start 0
-    mask: torch.Tensor | None  # [group * q_len, start_pos + q_len] additive; None if start 0
+    kv_slots: torch.Tensor | None  # slots of the whole context; None for a chunk at position 0
+    mask: torch.Tensor | None  # [group * q_len, context] additive; None for a chunk at 0
 
 
 @dataclass
@@ -91,14 +90,14 @@ def build_metadata(
     prefills, q_start = [], num_decodes
     for start, q_len, table in seqs[num_decodes:]:
         if start == 0:
-            prefills.append(PrefillChunk(q_start, q_len, 0, kv_slots=None, mask=None))
+            prefills.append(PrefillChunk(q_start, q_len, kv_slots=None, mask=None))
         else:
             ctx = start + q_len
             blocks = torch.tensor(table[: -(-ctx // bs)], dtype=torch.long)
             pos = torch.arange(ctx)
             kv_slots = (blocks[pos // bs] * bs + pos % bs).to(device, non_blocking=True)
             mask = _additive(causal_mask(start, q_len, group, device), dtype)
-            prefills.append(PrefillChunk(q_start, q_len, start, kv_slots, mask))
+            prefills.append(PrefillChunk(q_start, q_len, kv_slots, mask))
         q_start += q_len
     return AttentionMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),

@@ -7,7 +7,6 @@ so attention serves them with one call; prefill chunks follow.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +19,6 @@ from workers.runner.attention import AttentionMetadata, build_metadata
 from workers.runner.loader import load_weights
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
-
-logger = logging.getLogger(__name__)
-
 
 
 @dataclass

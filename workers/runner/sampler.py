@@ -129,15 +129,34 @@ def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     from a top-`TOP_WINDOW` window; only a row whose nucleus does not fit the window (a very
     flat distribution) pays for the full sort. The result is the same either way.
     """
+    width = max(TOP_WINDOW, *(p.top_k for p in params))
+    result, fits = _masked_window(logits, params, width)
+    untouched = [i for i, p in enumerate(params) if not p.top_k and p.top_p >= 1.0]
+    if untouched:
+        result[untouched] = logits[untouched]
+    flat = [i for i, ok in enumerate(fits) if not ok and i not in untouched]
+    if flat:
+        vocab = logits.shape[-1]
+        result[flat] = _masked_window(logits[flat], [params[i] for i in flat], vocab)[0]
+    return result
+
+
+def _masked_window(
+    logits: torch.Tensor, params: list[SamplingParams], width: int
+) -> tuple[torch.Tensor, list[bool]]:
+    """Apply the masks within the `width` best tokens; say per row whether that was enough.
+
+    With `width` equal to the vocabulary this is the plain full-sort computation.
+    """
     vocab = logits.shape[-1]
     device = logits.device
-    width = min(vocab, max(TOP_WINDOW, *(p.top_k for p in params)))
+    width = min(width, vocab)
     values, order = logits.topk(width, dim=-1)  # sorted, descending
     ks = torch.tensor([p.top_k or vocab for p in params], device=device).unsqueeze(1)
     top_ps = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
     values = values.masked_fill(torch.arange(width, device=device) >= ks, float("-inf"))
     k_in_window = ks <= width
-    norm = torch.where(
+    norm = torch.where(  # top-p renormalises over the top-k set, else the whole vocabulary
         k_in_window,
         torch.logsumexp(values, dim=-1, keepdim=True),
         torch.logsumexp(logits, dim=-1, keepdim=True),
@@ -146,28 +165,8 @@ def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Te
     before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
     values = values.masked_fill(before >= top_ps, float("-inf"))
     result = torch.full_like(logits, float("-inf")).scatter(-1, order, values)
-    untouched = [i for i, p in enumerate(params) if not p.top_k and p.top_p >= 1.0]
-    if untouched:
-        result[untouched] = logits[untouched]
-    fits = (k_in_window | (probs.sum(dim=-1, keepdim=True) >= top_ps)).squeeze(1).tolist()
-    flat = [i for i, ok in enumerate(fits) if not ok and i not in untouched]
-    if flat:
-        result[flat] = _sorted_top_k_top_p(logits[flat], [params[i] for i in flat])
-    return result
-
-
-def _sorted_top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """The same masks over a full sort of the vocabulary."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    ks = torch.tensor([p.top_k or vocab for p in params], device=logits.device).unsqueeze(1)
-    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-    sorted_logits = sorted_logits.masked_fill(ranks >= ks, float("-inf"))
-    top_ps = torch.tensor([p.top_p for p in params], device=logits.device).unsqueeze(1)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(before >= top_ps, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    fits = k_in_window | (probs.sum(dim=-1, keepdim=True) >= top_ps)
+    return result, fits.squeeze(1).tolist()
 
 
 def _gather_logprobs(
