@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 install: $(STAMP)
 
 serve: install
-	$(PY) -m workers.cli serve --host $(HOST) --port $(PORT)
+	$(PY) -m gateway.cli serve --host $(HOST) --port $(PORT)
 
 test: install
 	$(PY) -m ruff check .

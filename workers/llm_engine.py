@@ -322,7 +322,7 @@ class LLMEngine:
         if prompt_len >= limit:
             raise InvalidRequestError(
                 f"this model's maximum context length is {limit} tokens; "
-                f"the prompt has {prompt_len}"
+                f"the prompt has {prompt_len}", param="messages", code="context_length_exceeded"
             )
         if params.max_tokens is None:
             return limit - prompt_len
@@ -330,7 +330,8 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"this model's maximum context length is {limit} tokens; you requested "
                 f"{prompt_len + params.max_tokens} ({prompt_len} in the prompt, "
-                f"{params.max_tokens} to generate)"
+                f"{params.max_tokens} to generate)", param="max_tokens",
+                code="context_length_exceeded",
             )
         return params.max_tokens
 

@@ -26,7 +26,7 @@ def free_port() -> int:
 def server(smollm2_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "serve", "--port", str(port),
+        [sys.executable, "-m", "gateway.cli", "worker", "--port", str(port),
          "--kv-cache-memory", str(256 << 20)],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -8,6 +8,11 @@ from dataclasses import dataclass, field
 class InvalidRequestError(ValueError):
     """A request the engine refuses before it queues anything (maps to HTTP 400)."""
 
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
 
 @dataclass
 class SamplingParams:

@@ -1,0 +1,70 @@
+"""Usage records leave the hot path: the request appends, a background task writes batches.
+
+This is the first cut; the billing issue makes it crash-safe with an outbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from tenancy import service
+
+logger = logging.getLogger(__name__)
+MAX_BATCH = 500
+MAX_PENDING = 100_000
+
+
+class UsageMeter:
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *,
+                 flush_interval_s: float = 0.5) -> None:
+        self._sessionmaker = sessionmaker
+        self._interval = flush_interval_s
+        self._pending: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def record(self, **fields: Any) -> None:
+        """Never blocks and never raises: metering must not fail a request."""
+        if len(self._pending) >= MAX_PENDING:
+            logger.error("usage backlog full; dropping the oldest record")
+            self._pending.pop(0)
+        self._pending.append(fields)
+        if len(self._pending) >= MAX_BATCH:
+            self._wake.set()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="usage-meter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+    async def flush(self) -> int:
+        written = 0
+        while self._pending:
+            batch = self._pending[:MAX_BATCH]
+            async with self._sessionmaker() as session:
+                await service.record_usage(session, records=batch)
+            del self._pending[: len(batch)]
+            written += len(batch)
+        return written
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except (SQLAlchemyError, OSError) as exc:
+                logger.warning("usage flush failed (%s); will retry", type(exc).__name__)

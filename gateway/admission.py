@@ -1,0 +1,81 @@
+"""Turn a key, a deployment and a call into one atomic limits-and-budget reservation."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+from gateway.deployments.base import Call
+from gateway.deployments.config import DeploymentConfig
+from gateway.errors import APIError, unavailable
+from tenancy.context import KeyContext
+from tenancy.limits import AdmissionRequest, Budget, Decision, Limits
+
+
+def admission_request(
+    *, request_id: str, key: KeyContext, call: Call, config: DeploymentConfig,
+    now: datetime | None = None,
+) -> AdmissionRequest:
+    tokens = call.prompt_tokens + call.max_output_tokens
+    plan = key.plan
+    scopes = (
+        (f"key:{key.key_id}", Limits(rpm=key.rpm, tpm=key.tpm, max_concurrent=key.max_concurrent)),
+        (f"tenant:{key.tenant_id}",
+         Limits(rpm=plan.rpm, tpm=plan.tpm, max_concurrent=plan.max_concurrent)),
+    )
+    budget = None
+    if plan.budget_micros is not None:
+        budget = _budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
+    return AdmissionRequest(
+        request_id=request_id, scopes=scopes, tokens=tokens,
+        cost_micros=config.cost_micros(call.prompt_tokens, call.max_output_tokens),
+        budget=budget,
+    )
+
+
+def _budget(tenant_id: str, cap_micros: int, period: str, now: datetime | None) -> Budget:
+    now = now or datetime.now(UTC)
+    if period == "day":
+        return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m-%d"), 2 * 86400)
+    return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m"), 33 * 86400)
+
+
+def ratelimit_headers(decision: Decision) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers, from whichever limits apply."""
+    headers: dict[str, str] = {}
+    if decision.limit_requests is not None:
+        headers["x-ratelimit-limit-requests"] = str(decision.limit_requests)
+        headers["x-ratelimit-remaining-requests"] = str(max(0, decision.remaining_requests or 0))
+        headers["x-ratelimit-reset-requests"] = _duration(decision.reset_requests_s)
+    if decision.limit_tokens is not None:
+        headers["x-ratelimit-limit-tokens"] = str(decision.limit_tokens)
+        headers["x-ratelimit-remaining-tokens"] = str(max(0, decision.remaining_tokens or 0))
+        headers["x-ratelimit-reset-tokens"] = _duration(decision.reset_tokens_s)
+    return headers
+
+
+def refusal(decision: Decision) -> APIError:
+    """The client-facing error for a refused admission."""
+    if decision.reason == "unavailable":
+        return unavailable("Rate limiting is unavailable; try again shortly.",
+                           code="limiter_unavailable")
+    headers = ratelimit_headers(decision)
+    headers["retry-after"] = str(max(1, math.ceil(decision.retry_after_s)))
+    scope = (decision.scope or "").split(":", 1)[0] or "key"
+    if decision.reason == "budget":
+        return APIError(429, "You exceeded your current quota: the spend budget for this "
+                        "period is used up.", type_="insufficient_quota",
+                        code="insufficient_quota", headers=headers)
+    what = {"rpm": "requests per minute", "tpm": "tokens per minute",
+            "concurrency": "concurrent requests"}.get(decision.reason or "", "requests")
+    return APIError(429, f"Rate limit reached for {what} on this {scope}. Please retry after "
+                    f"{headers['retry-after']}s.", type_=decision.reason or "requests",
+                    code="rate_limit_exceeded", headers=headers)
+
+
+def _duration(seconds: float | None) -> str:
+    seconds = max(0.0, seconds or 0.0)
+    if seconds < 60:
+        return f"{seconds:.3g}s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest}s"

@@ -1,0 +1,79 @@
+"""The app factory: routes, error shapes, middleware, and a lifespan that owns all resources."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import APIError, error_body
+from gateway.middleware import GatewayMiddleware
+from gateway.routes import health, openai, tenant
+from gateway.routes.admin import router as admin_router
+from gateway.settings import Settings
+from gateway.state import close_state, open_state
+from tenancy.service import ConflictError, InvalidError, NotFoundError, ServiceError
+from workers.async_engine import AsyncLLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | None = None
+               ) -> FastAPI:
+    """`engine`: an engine to embed (the app starts and stops it); otherwise settings decide."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.gateway = await open_state(settings, engine=engine)
+        try:
+            yield
+        finally:
+            await close_state(app.state.gateway)
+
+    app = FastAPI(title="Switchboard", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.include_router(health.router)
+    app.include_router(openai.router)
+    app.include_router(tenant.router)
+    app.include_router(admin_router)
+    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
+    _add_error_handlers(app)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        param = ".".join(loc) or None
+        message = f"Invalid value for '{param}': {first.get('msg')}." if param else str(
+            first.get("msg", "Invalid request."))
+        return JSONResponse(error_body(message, "invalid_request_error", "invalid_value", param),
+                            status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(exc.detail), type_), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    @app.exception_handler(ServiceError)
+    async def service_error(request: Request, exc: ServiceError) -> Response:
+        status = {ConflictError: 409, NotFoundError: 404, InvalidError: 400}.get(type(exc), 400)
+        return JSONResponse(error_body(str(exc), "invalid_request_error"), status_code=status)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_body("The server had an error processing your request.",
+                                       "server_error"), status_code=500)

@@ -1,0 +1,95 @@
+"""`switchboard`: serve the gateway, run a bare worker, and administer tenants and keys."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from gateway.commands import tenancy as tenancy_commands
+from gateway.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="switchboard")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="migrate the database and serve the gateway")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.set_defaults(func=_serve)
+    worker = sub.add_parser("worker", help="serve one engine over HTTP, without tenancy")
+    _worker_arguments(worker)
+    worker.set_defaults(func=_worker)
+    tenancy_commands.register(sub)
+    args = parser.parse_args(argv)
+    settings = Settings()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    sys.exit(args.func(args, settings))
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from tenancy.migrate import upgrade
+
+    upgrade(settings.database_url)
+    key = asyncio.run(_bootstrap_admin_key(settings))
+    if key is not None:
+        print(f"\nBootstrap admin key (shown once, stored only hashed):\n\n    {key}\n",
+              flush=True)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port,
+                log_level=settings.log_level, access_log=False)
+    return 0
+
+
+async def _bootstrap_admin_key(settings: Settings) -> str | None:
+    """The first start creates one admin key; later starts create none."""
+    from tenancy import service
+    from tenancy.db import make_engine, make_sessionmaker
+    from tenancy.keys import load_or_create_pepper
+
+    engine = make_engine(settings.database_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            if await service.count_admin_keys(session) > 0:
+                return None
+            pepper = load_or_create_pepper(secret_key=settings.secret_key,
+                                           secret_file=settings.secret_file)
+            _, full = await service.create_admin_key(session, pepper=pepper, name="bootstrap")
+            return full
+    finally:
+        await engine.dispose()
+
+
+def _worker_arguments(worker: argparse.ArgumentParser) -> None:
+    worker.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2)")
+    worker.add_argument("--served-model-name", default="smollm2-135m-instruct")
+    worker.add_argument("--host", default="127.0.0.1")
+    worker.add_argument("--port", type=int, default=8001)
+    worker.add_argument("--device", default=None)
+    worker.add_argument("--dtype", default=None)
+    worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
+    worker.add_argument("--max-num-seqs", type=int, default=128)
+    worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from workers.async_engine import AsyncLLMEngine
+    from workers.server import create_app
+
+    engine = AsyncLLMEngine(
+        args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port,
+                log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Pure ASGI middleware (streams pass through unbuffered).
+
+Every response gets an `x-request-id` (the caller's, if it sent a sane one) and an
+`x-gateway-overhead-ms`: time spent in the gateway before the response started, minus the
+time spent waiting on the upstream. Bodies announced as too large are refused with 413 before
+they are read.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import too_large
+
+_SANE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class GatewayMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        request_id = b""
+        length = b""
+        for name, value in scope["headers"]:
+            if name == b"x-request-id" and _SANE_ID.match(value):
+                request_id = value
+            elif name == b"content-length":
+                length = value
+        if not request_id:
+            request_id = uuid.uuid4().hex.encode()
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id.decode()
+        state["upstream_s"] = 0.0
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                overhead_ms = (time.perf_counter() - started - state["upstream_s"]) * 1000
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id))
+                headers.append((b"x-gateway-overhead-ms", b"%.3f" % max(0.0, overhead_ms)))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        if length and (not length.isdigit() or int(length) > self.max_body_bytes):
+            await too_large(self.max_body_bytes).response()(scope, receive, send_with_headers)
+            return
+        await self.app(scope, receive, send_with_headers)

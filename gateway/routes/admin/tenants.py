@@ -1,0 +1,40 @@
+"""Tenants: who is billed and limited together."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from gateway.deps import SessionDep
+from gateway.errors import not_found
+from gateway.schemas.admin import TenantCreate, TenantOut, TenantUpdate
+from tenancy import service
+
+router = APIRouter(prefix="/tenants", tags=["admin"])
+
+
+@router.post("", status_code=201)
+async def create_tenant(body: TenantCreate, session: SessionDep) -> TenantOut:
+    tenant = await service.create_tenant(session, name=body.name, plan_id=body.plan_id)
+    return TenantOut.model_validate(tenant)
+
+
+@router.get("")
+async def list_tenants(session: SessionDep) -> list[TenantOut]:
+    return [TenantOut.model_validate(t) for t in await service.list_tenants(session)]
+
+
+@router.get("/{tenant_id}")
+async def get_tenant(tenant_id: str, session: SessionDep) -> TenantOut:
+    tenant = await service.get_tenant(session, tenant_id=tenant_id)
+    if tenant is None:
+        raise not_found(f"No tenant with id '{tenant_id}'.")
+    return TenantOut.model_validate(tenant)
+
+
+@router.patch("/{tenant_id}")
+async def update_tenant(tenant_id: str, body: TenantUpdate, session: SessionDep) -> TenantOut:
+    tenant = await service.update_tenant(session, tenant_id=tenant_id, plan_id=body.plan_id,
+                                         status=body.status)
+    if tenant is None:
+        raise not_found(f"No tenant with id '{tenant_id}'.")
+    return TenantOut.model_validate(tenant)

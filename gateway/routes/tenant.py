@@ -1,0 +1,38 @@
+"""Tenant self-service: a key sees its own tenant's keys and usage, nothing else."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter
+
+from gateway.deps import SessionDep, TenantDep
+from gateway.errors import not_found
+from gateway.schemas.admin import KeyOut, ModelUsageOut, UsageOut
+from tenancy import service
+
+router = APIRouter(prefix="/v1", tags=["tenant"])
+
+
+@router.get("/keys")
+async def list_own_keys(key: TenantDep, session: SessionDep) -> list[KeyOut]:
+    keys = await service.list_api_keys(session, tenant_id=key.tenant_id)
+    return [KeyOut.model_validate(k) for k in keys]
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_own_key(key_id: str, key: TenantDep, session: SessionDep) -> KeyOut:
+    revoked = await service.revoke_api_key(session, key_id=key_id, tenant_id=key.tenant_id)
+    if revoked is None:
+        raise not_found(f"No API key with id '{key_id}'.")
+    return KeyOut.model_validate(revoked)
+
+
+@router.get("/usage")
+async def own_usage(
+    key: TenantDep, session: SessionDep, since: datetime | None = None,
+    until: datetime | None = None,
+) -> UsageOut:
+    rows = await service.usage_summary(session, tenant_id=key.tenant_id, since=since, until=until)
+    return UsageOut(tenant_id=key.tenant_id, since=since, until=until,
+                    models=[ModelUsageOut.model_validate(r) for r in rows])

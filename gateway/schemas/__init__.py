@@ -1,0 +1,1 @@
+"""Pydantic shapes of what crosses the HTTP boundary (kept apart from the ORM models)."""

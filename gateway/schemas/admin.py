@@ -1,0 +1,133 @@
+"""Admin and tenant self-service API shapes. Secrets appear only in *Created responses, once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Limit = Annotated[int, Field(ge=1, le=10**12)] | None
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=1000)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class PlanCreate(_In):
+    name: Name
+    rpm: Limit = None
+    tpm: Limit = None
+    max_concurrent: Limit = None
+    budget_usd: Annotated[Decimal, Field(ge=0, le=10**9)] | None = None
+    budget_period: Literal["month", "day"] = "month"
+    allowed_models: Names | None = None
+    allowed_tiers: Names | None = None
+
+
+class PlanUpdate(_In):
+    name: Name | None = None
+    rpm: Limit = None
+    tpm: Limit = None
+    max_concurrent: Limit = None
+    budget_usd: Annotated[Decimal, Field(ge=0, le=10**9)] | None = None
+    budget_period: Literal["month", "day"] | None = None
+    allowed_models: Names | None = None
+    allowed_tiers: Names | None = None
+
+
+class PlanOut(_Out):
+    id: str
+    name: str
+    rpm: int | None
+    tpm: int | None
+    max_concurrent: int | None
+    budget_micros: int | None
+    budget_period: str
+    allowed_models: list[str] | None
+    allowed_tiers: list[str] | None
+    created_at: datetime
+
+
+class TenantCreate(_In):
+    name: Name
+    plan_id: str
+
+
+class TenantUpdate(_In):
+    plan_id: str | None = None
+    status: Literal["active", "suspended"] | None = None
+
+
+class TenantOut(_Out):
+    id: str
+    name: str
+    plan_id: str
+    status: str
+    created_at: datetime
+
+
+class KeyCreate(_In):
+    name: Annotated[str, Field(max_length=200)] = ""
+    expires_at: datetime | None = None
+    rpm: Limit = None
+    tpm: Limit = None
+    max_concurrent: Limit = None
+    allowed_models: Names | None = None
+    allowed_adapters: Names | None = None
+
+
+class KeyOut(_Out):
+    id: str
+    tenant_id: str
+    name: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    rpm: int | None
+    tpm: int | None
+    max_concurrent: int | None
+    allowed_models: list[str] | None
+    allowed_adapters: list[str] | None
+
+
+class KeyCreated(KeyOut):
+    key: str  # the full key: shown once, never stored
+
+
+class AdminKeyCreate(_In):
+    name: Name
+
+
+class AdminKeyOut(_Out):
+    id: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class AdminKeyCreated(AdminKeyOut):
+    key: str
+
+
+class ModelUsageOut(_Out):
+    model: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    cost_micros: int
+
+
+class UsageOut(BaseModel):
+    tenant_id: str
+    since: datetime | None
+    until: datetime | None
+    models: list[ModelUsageOut]

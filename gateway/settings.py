@@ -1,0 +1,45 @@
+"""All gateway configuration in one place, read from `SWITCHBOARD_*` environment variables."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Literal
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="ignore")
+
+    # Persistence: SQLite is the embedded default; PostgreSQL via postgresql+asyncpg://...
+    database_url: str = "sqlite+aiosqlite:///./switchboard.db"
+    # Empty: in-process limiter (one gateway process). redis://127.0.0.1:6379/0 for replicas.
+    redis_url: str = ""
+    redis_fail_open: bool = True
+    redis_timeout_s: float = 0.25
+    # The keyed-hash secret for API keys. Empty: read or create `secret_file` (mode 0600).
+    secret_key: str = ""
+    secret_file: Path = Path(".switchboard-secret")
+
+    # Deployments: a YAML file (see docs/gateway.md), plus the embedded engine unless disabled.
+    deployments_file: Path | None = None
+    embedded_model: str = "default"  # "default" (bundled SmolLM2), a path, or "none"
+    embedded_model_name: str = "smollm2-135m-instruct"
+    embedded_device: str | None = None
+    embedded_kv_cache_memory: int | None = None
+    embedded_max_num_seqs: int = 64
+    # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
+    embedded_input_price_per_1m: Decimal = Decimal("0.05")
+    embedded_output_price_per_1m: Decimal = Decimal("0.10")
+    embedded_tier: str = "economy"
+
+    # Request handling.
+    max_body_bytes: int = 4 << 20
+    upstream_timeout_s: float = 600.0
+    upstream_max_connections: int = 256
+    # Auth cache: how often each replica checks the auth version (revocations, plan edits).
+    auth_poll_interval_s: float = 0.5
+    auth_negative_cache_size: int = 10_000
+    usage_flush_interval_s: float = 0.5
+    log_level: Literal["debug", "info", "warning", "error"] = "info"

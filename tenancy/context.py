@@ -1,0 +1,77 @@
+"""Immutable auth snapshots the hot path caches instead of ORM objects.
+
+A `KeyContext` carries everything a request needs to decide whether a key may be used and
+for what, so that authentication costs no database query once cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class PlanLimits:
+    """A plan's limits; None means unlimited (or, for the allow-lists, everything)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    budget_micros: int | None = None
+    budget_period: str = "month"
+    allowed_models: frozenset[str] | None = None
+    allowed_tiers: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyContext:
+    """A tenant key joined with its tenant and plan, as of one auth version."""
+
+    key_id: str
+    tenant_id: str
+    tenant_name: str
+    secret_hash: str = field(repr=False)
+    expires_at: float | None  # epoch seconds
+    revoked: bool
+    tenant_active: bool
+    plan: PlanLimits
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+    allowed_models: frozenset[str] | None = None
+    allowed_adapters: frozenset[str] | None = None
+
+    def usable(self, now: float) -> str | None:
+        """None when the key may be used at `now` (epoch s), else why not."""
+        if self.revoked:
+            return "revoked"
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        if not self.tenant_active:
+            return "tenant suspended"
+        return None
+
+    def may_use_model(self, name: str) -> bool:
+        """Both the plan and the key must admit the model (None admits everything)."""
+        return _admits(self.plan.allowed_models, name) and _admits(self.allowed_models, name)
+
+    def may_use_tier(self, tier: str) -> bool:
+        """Whether the plan admits deployments of this cost tier."""
+        return _admits(self.plan.allowed_tiers, tier)
+
+    def may_use_adapter(self, name: str) -> bool:
+        """Whether the key admits this LoRA adapter (None admits every adapter of the tenant)."""
+        return _admits(self.allowed_adapters, name)
+
+
+@dataclass(frozen=True, slots=True)
+class AdminContext:
+    """An admin key as the admin API's auth check needs it."""
+
+    key_id: str
+    name: str
+    secret_hash: str = field(repr=False)
+    revoked: bool
+
+
+def _admits(allowed: frozenset[str] | None, name: str) -> bool:
+    return allowed is None or name in allowed

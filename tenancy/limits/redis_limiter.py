@@ -1,0 +1,169 @@
+"""The production limiter: one Lua script per admit and per settle, exact across processes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from tenancy.limits import scripts
+from tenancy.limits.decision import ScopeUsage, make_decision, unavailable
+from tenancy.limits.keys import KeySpace
+from tenancy.limits.memory import DEFAULT_LEASE_S
+from tenancy.limits.outage import OutageGuard
+from tenancy.limits.types import AdmissionRequest, Budget, Decision
+from tenancy.limits.window import WINDOW_S
+
+_BACKEND_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+def _arg(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _bucket(value: int) -> int | None:
+    return None if value < 0 else value
+
+
+class RedisLimiter:
+    """Talks to Redis lazily; a failure or timeout never reaches the caller (fail open/closed)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fail_open: bool,
+        timeout_s: float = 0.25,
+        namespace: str = "",
+        lease_s: float = DEFAULT_LEASE_S,
+        outage: OutageGuard | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        self._url = url
+        self._fail_open = fail_open
+        self._timeout_s = timeout_s
+        self._keys = KeySpace(namespace)
+        self._lease_s = lease_s
+        self._max_connections = max_connections
+        self._outage = outage if outage is not None else OutageGuard()
+        self._client: Redis | None = None
+        self._admit: AsyncScript | None = None
+        self._settle: AsyncScript | None = None
+
+    def _connect(self) -> tuple[Redis, AsyncScript, AsyncScript]:
+        """Build the client on first use (no I/O here: connections open on demand)."""
+        if self._client is None or self._admit is None or self._settle is None:
+            pool = BlockingConnectionPool.from_url(
+                self._url,
+                max_connections=self._max_connections,  # beyond this, callers queue
+                timeout=self._timeout_s,
+                socket_timeout=self._timeout_s,
+                socket_connect_timeout=self._timeout_s,
+                retry=Retry(NoBackoff(), 0),  # the caller waits at most timeout_s, no retries
+            )
+            self._client = Redis.from_pool(pool)
+            self._admit = self._client.register_script(scripts.ADMIT)
+            self._settle = self._client.register_script(scripts.SETTLE)
+        return self._client, self._admit, self._settle
+
+    async def admit(self, request: AdmissionRequest) -> Decision:
+        if self._outage.is_down():
+            return unavailable(fail_open=self._fail_open)
+        keys, args = self._admit_call(request)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reply = await self._connect()[1](keys=keys, args=args)
+        except _BACKEND_ERRORS as error:
+            self._outage.failed("admit", error)
+            return unavailable(fail_open=self._fail_open)
+        self._outage.recovered()
+        return self._decode(request, reply)
+
+    async def settle(self, request: AdmissionRequest, *, tokens: int, cost_micros: int) -> None:
+        """Always tried, even during a cool-down, so slots are not held for a whole lease."""
+        keys: list[str] = []
+        for scope, _ in request.scopes:
+            keys += [self._keys.tokens(scope), self._keys.in_flight(scope)]
+        keys.append(self._keys.reservation(request.request_id))
+        if request.budget is not None:
+            keys.append(self._keys.budget(request.budget.scope, request.budget.period))
+        args = [len(request.scopes), request.request_id, max(tokens, 0), cost_micros, WINDOW_S]
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._connect()[2](keys=keys, args=args)
+        except _BACKEND_ERRORS as error:
+            self._outage.failed("settle", error)  # the lease frees the slot later
+
+    async def spent_micros(self, budget: Budget) -> int:
+        """Reserved plus spent in the period; 0 when Redis cannot be asked (logged)."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                value = await self._connect()[0].get(self._keys.budget(budget.scope, budget.period))
+        except _BACKEND_ERRORS as error:
+            self._outage.failed("spent_micros", error)
+            return 0
+        return 0 if value is None else int(value)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        self._admit = self._settle = None
+        if client is not None:
+            await client.aclose()
+
+    def _admit_call(self, request: AdmissionRequest) -> tuple[list[str], list[str | int | float]]:
+        keys: list[str] = []
+        args: list[str | int | float] = [
+            len(request.scopes),
+            request.request_id,
+            max(request.tokens, 0),
+            request.cost_micros,
+            self._lease_s,
+            WINDOW_S,
+            "" if request.budget is None else request.budget.cap_micros,
+            0 if request.budget is None else request.budget.period_ttl_s,
+        ]
+        for scope, limits in request.scopes:
+            keys += [
+                self._keys.requests(scope),
+                self._keys.tokens(scope),
+                self._keys.in_flight(scope),
+            ]
+            args += [_arg(limits.rpm), _arg(limits.tpm), _arg(limits.max_concurrent)]
+        keys.append(self._keys.reservation(request.request_id))
+        if request.budget is not None:
+            keys.append(self._keys.budget(request.budget.scope, request.budget.period))
+        return keys, args
+
+    @staticmethod
+    def _decode(request: AdmissionRequest, reply: Sequence[int | bytes]) -> Decision:
+        admitted, reason, refused, retry, now = reply[:5]
+        flat = reply[5:]
+        usage = [
+            ScopeUsage(
+                int(flat[i]), _bucket(int(flat[i + 1])), int(flat[i + 2]), _bucket(int(flat[i + 3]))
+            )
+            for i in range(0, len(flat), 4)
+        ]
+        reason_text = None if admitted else _text(reason)  # type: ignore[arg-type]
+        refused_scope = None
+        if reason_text == "budget" and request.budget is not None:
+            refused_scope = request.budget.scope
+        elif reason_text:
+            refused_scope = request.scopes[int(refused) - 1][0]
+        return make_decision(
+            scopes=request.scopes,
+            usage=usage,
+            now=float(_text(now)),  # type: ignore[arg-type]
+            reason=reason_text,
+            refused_scope=refused_scope,
+            retry_after_s=float(_text(retry)),  # type: ignore[arg-type]
+        )

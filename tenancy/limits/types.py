@@ -1,0 +1,74 @@
+"""The rate-limit and budget contract shared by the gateway and both limiter backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-scope limits; None means unlimited."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A spend cap for one scope in one period; a new period key starts from zero."""
+
+    scope: str  # e.g. "tenant:<id>"
+    cap_micros: int  # spend cap in integer micro-USD
+    period: str  # period key, e.g. "2026-11" or "2026-11-21"
+    period_ttl_s: int  # how long the counter lives, so stale periods expire
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """Everything a limiter needs to admit one request, and later to settle it."""
+
+    request_id: str
+    scopes: tuple[tuple[str, Limits], ...]  # e.g. (("key:abc", ...), ("tenant:t1", ...))
+    tokens: int  # reserved TPM tokens: prompt + max output
+    cost_micros: int = 0  # reserved spend: the most this request can cost
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict, plus what the gateway needs for retry-after and x-ratelimit-* headers."""
+
+    admitted: bool
+    reason: str | None = None  # "rpm" | "tpm" | "concurrency" | "budget" | "unavailable"
+    scope: str | None = None  # which scope refused
+    retry_after_s: float = 0.0  # > 0 when refused for rpm, tpm or concurrency
+    # From the tightest scope that has the limit (least remaining):
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float | None = None
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float | None = None
+    degraded: bool = False  # admitted unchecked because the backend is down (fail-open)
+
+
+class Limiter(Protocol):
+    """Admit-then-settle: admission reserves, settle releases and reconciles."""
+
+    async def admit(self, request: AdmissionRequest) -> Decision:
+        """Check every scope and the budget together; reserve everywhere or nowhere."""
+        ...
+
+    async def settle(self, request: AdmissionRequest, *, tokens: int, cost_micros: int) -> None:
+        """Call once per admitted request when it ends: free its slot, refund unused reservation."""
+        ...
+
+    async def spent_micros(self, budget: Budget) -> int:
+        """Reserved plus spent micro-USD in the budget's current period."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections; the limiter is not used afterwards."""
+        ...

@@ -1,0 +1,179 @@
+"""Persisted tenancy models: plans, tenants, API keys, admin keys, auth version, usage.
+
+These are storage shapes only. The hot path caches `tenancy.context` snapshots built from
+them, and the HTTP layer has its own pydantic schemas.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+)
+from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from tenancy.db import Base
+
+KEY_ID_LENGTH = 12
+BUDGET_PERIODS = ("month", "day")
+TENANT_STATUSES = ("active", "suspended")
+AUTH_STATE_ID = 1
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime (what every timestamp column holds)."""
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    """A random 32-char hex id for plans and tenants."""
+    return uuid.uuid4().hex
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stores UTC and always returns aware UTC datetimes, on SQLite and PostgreSQL alike.
+
+    SQLite keeps no offset, so naive values coming back are UTC by construction; naive
+    values going in are taken to be UTC already.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# Python None is stored as SQL NULL ("no restriction"), not as the JSON literal null.
+_JSONOrNull = JSON(none_as_null=True)
+
+# SQLite only autoincrements an INTEGER PRIMARY KEY; elsewhere we want 64 bits.
+_AutoId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Plan(Base):
+    """Limits, allowed models/tiers and a spend cap shared by the tenants on it.
+
+    Every limit is optional: None means unlimited (or "all" for the allow-lists).
+    """
+
+    __tablename__ = "plans"
+    __table_args__ = (CheckConstraint("budget_period IN ('month', 'day')", name="budget_period"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    budget_micros: Mapped[int | None] = mapped_column(BigInteger)  # integer micro-USD
+    budget_period: Mapped[str] = mapped_column(String(8), default="month")
+    allowed_models: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
+    allowed_tiers: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class Tenant(Base):
+    """A customer: owns API keys and usage, bound to one plan."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (CheckConstraint("status IN ('active', 'suspended')", name="status"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    plan_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("plans.id", ondelete="RESTRICT"), index=True
+    )
+    status: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    """A tenant key. `id` is the public part of the token; only an HMAC of the secret is kept.
+
+    Per-key limits and scopes narrow the plan's; None means "as the plan allows".
+    """
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(KEY_ID_LENGTH), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
+    )
+    name: Mapped[str] = mapped_column(String(200), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    max_concurrent: Mapped[int | None] = mapped_column(Integer)
+    allowed_models: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
+    allowed_adapters: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
+
+
+class AdminKey(Base):
+    """A key for the admin API and console; a separate namespace from tenant keys."""
+
+    __tablename__ = "admin_keys"
+
+    id: Mapped[str] = mapped_column(String(KEY_ID_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    secret_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class AuthState(Base):
+    """One row whose `version` every auth-relevant mutation bumps in its own transaction.
+
+    Replicas poll it and drop their key caches when it moves: that is how a revocation or
+    a plan change reaches every replica without a query per request.
+    """
+
+    __tablename__ = "auth_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class UsageRecord(Base):
+    """One finished (or failed) request, priced in integer micro-USD. Billing extends this."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(_AutoId, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String(64))
+    tenant_id: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str | None] = mapped_column(String(KEY_ID_LENGTH))
+    model: Mapped[str] = mapped_column(String(200))
+    deployment: Mapped[str] = mapped_column(String(200), default="")
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0)
+    status: Mapped[str] = mapped_column(String(32), default="ok")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)

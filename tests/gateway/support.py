@@ -1,0 +1,160 @@
+"""Helpers for gateway tests: seed tenants and keys, run apps in-process or live."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from fastapi import FastAPI
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from tenancy import service
+from tenancy.db import make_engine, make_sessionmaker
+from tenancy.keys import load_or_create_pepper
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "test-secret-key-for-gateway-tests"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pepper(tmp_path: Path) -> bytes:
+    return load_or_create_pepper(secret_key=SECRET, secret_file=tmp_path / "unused")
+
+
+@dataclass
+class Seeded:
+    tenant_id: str
+    plan_id: str
+    key: str
+    key_id: str
+
+
+async def seed_tenant(
+    db_url: str, tmp_path: Path, *, name: str, plan: dict[str, Any] | None = None,
+    key: dict[str, Any] | None = None,
+) -> Seeded:
+    """A plan (named after the tenant), a tenant on it, and one key."""
+    engine = make_engine(db_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            p = await service.create_plan(session, name=f"{name}-plan", **(plan or {}))
+            t = await service.create_tenant(session, name=name, plan_id=p.id)
+            record, full = await service.create_api_key(
+                session, tenant_id=t.id, pepper=pepper(tmp_path), **(key or {}))
+            return Seeded(t.id, p.id, full, record.id)
+    finally:
+        await engine.dispose()
+
+
+async def admin_key(db_url: str, tmp_path: Path) -> str:
+    engine = make_engine(db_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            _, full = await service.create_admin_key(session, pepper=pepper(tmp_path),
+                                                     name="test-admin")
+            return full
+    finally:
+        await engine.dispose()
+
+
+def write_deployments(tmp_path: Path, deployments: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "deployments.yaml"
+    path.write_text(yaml.safe_dump({"deployments": deployments}))
+    return path
+
+
+def mock_deployment(base_url: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "name": "mock", "model_name": "mock-model", "provider": "openai",
+        "upstream_model": "mock-upstream-model", "base_url": base_url,
+        "api_key": "sk-upstream-secret", "tier": "standard",
+        "input_price_per_1m": "1.0", "output_price_per_1m": "2.0", "context_window": 4096,
+        **overrides,
+    }
+
+
+def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": db_url, "secret_key": SECRET, "secret_file": tmp_path / "secret",
+        "embedded_model": "none", "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
+        **overrides,
+    }
+    return Settings(**values)
+
+
+@asynccontextmanager
+async def in_process(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """The app with its lifespan run, behind an in-memory transport."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway",
+                                     timeout=60) as client:
+            yield client
+
+
+@asynccontextmanager
+async def gateway_client(cfg: Settings, **kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with in_process(create_app(cfg, **kwargs)) as client:
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+class MockUpstream:
+    """`python -m bench.mock_upstream` as a subprocess on a free loopback port."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> MockUpstream:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.mock_upstream", "--host", "127.0.0.1",
+             "--port", str(self.port), *self._args],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        wait_http(f"{self.base_url}/models")
+        return self
+
+    def last_request(self) -> dict[str, Any]:
+        return httpx.get(f"http://127.0.0.1:{self.port}/_last_request").json()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def wait_http(url: str, *, timeout_s: float = 120, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} was up")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up in {timeout_s}s")

@@ -1,0 +1,100 @@
+"""Alembic migrations: upgrade, downgrade, upgrade again, and agreement with the models."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection
+
+from tenancy.db import make_engine
+from tenancy.migrate import MIGRATIONS_DIR, alembic_config, downgrade, upgrade
+from tenancy.models import Base
+
+TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records"}
+
+
+async def _inspect(url: str, fn: Any) -> Any:
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            return await conn.run_sync(fn)
+    finally:
+        await engine.dispose()
+
+
+def _tables(conn: Connection) -> set[str]:
+    return set(inspect(conn).get_table_names())
+
+
+def _indexes(conn: Connection) -> set[str]:
+    inspector = inspect(conn)
+    return {ix["name"] for table in TABLES for ix in inspector.get_indexes(table)}
+
+
+def _state(conn: Connection) -> tuple[list[tuple[int, int]], str | None]:
+    rows = [tuple(r) for r in conn.execute(text("SELECT id, version FROM auth_state"))]
+    return rows, MigrationContext.configure(conn).get_current_revision()
+
+
+def _diff(conn: Connection) -> list[Any]:
+    return compare_metadata(
+        MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata
+    )
+
+
+def test_there_is_a_single_head() -> None:
+    script = ScriptDirectory.from_config(alembic_config("sqlite+aiosqlite://"))
+    assert script.get_heads() == ["0001"]
+    assert (MIGRATIONS_DIR / "env.py").is_file()
+
+
+async def test_upgrade_downgrade_upgrade(blank_db_url: str) -> None:
+    assert await _inspect(blank_db_url, _tables) == set()
+
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _tables) == TABLES | {"alembic_version"}
+    assert {
+        "ix_api_keys_tenant_id",
+        "ix_tenants_plan_id",
+        "ix_usage_records_created_at",
+        "ix_usage_records_tenant_id_created_at",
+    } <= await _inspect(blank_db_url, _indexes)
+    rows, revision = await _inspect(blank_db_url, _state)
+    assert rows == [(1, 0)] and revision == "0001"
+
+    await asyncio.to_thread(downgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _tables) <= {"alembic_version"}
+
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _tables) == TABLES | {"alembic_version"}
+    rows, revision = await _inspect(blank_db_url, _state)
+    assert rows == [(1, 0)] and revision == "0001"
+
+    # Upgrading an up-to-date database is a no-op.
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert (await _inspect(blank_db_url, _state))[1] == "0001"
+
+
+async def test_migration_matches_the_models(blank_db_url: str) -> None:
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+async def test_upgrade_called_inside_a_running_loop(blank_db_url: str) -> None:
+    """A sync call from async code must not trip over the caller's running loop."""
+    upgrade(blank_db_url)
+    assert "plans" in await _inspect(blank_db_url, _tables)
+    downgrade(blank_db_url)
+    assert "plans" not in await _inspect(blank_db_url, _tables)
+
+
+def test_upgrade_from_plain_sync_code(tmp_path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'sync.db'}"
+    upgrade(url)
+    tables = asyncio.run(_inspect(url, _tables))
+    assert tables >= TABLES

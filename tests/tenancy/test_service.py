@@ -1,0 +1,378 @@
+"""Tenancy data functions against a migrated database (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from tenancy import service
+from tenancy.db import make_sessionmaker
+from tenancy.keys import parse_key, verify_secret
+from tenancy.models import ApiKey, Tenant
+from tenancy.service import ConflictError, InvalidError, NotFoundError
+
+
+async def make_tenant(session: AsyncSession, name: str = "acme", **plan_fields: object) -> Tenant:
+    plan = await service.create_plan(session, name=f"plan-{name}", **plan_fields)  # type: ignore[arg-type]
+    return await service.create_tenant(session, name=name, plan_id=plan.id)
+
+
+async def test_plan_tenant_key_and_key_context(session: AsyncSession, pepper: bytes) -> None:
+    plan = await service.create_plan(
+        session,
+        name="pro",
+        rpm=60,
+        tpm=100_000,
+        max_concurrent=4,
+        budget_micros=25_000_000,
+        budget_period="day",
+        allowed_models=["m1", "m2"],
+        allowed_tiers=["economy"],
+    )
+    tenant = await service.create_tenant(session, name="acme", plan_id=plan.id)
+    expires = datetime.now(UTC) + timedelta(days=1)
+    key, full = await service.create_api_key(
+        session,
+        tenant_id=tenant.id,
+        pepper=pepper,
+        name="ci",
+        expires_at=expires,
+        rpm=10,
+        allowed_models=["m1"],
+        allowed_adapters=["lora-a"],
+    )
+    parsed = parse_key(full)
+    assert parsed is not None and not parsed.admin and parsed.key_id == key.id
+    assert key.secret_hash != parsed.secret and parsed.secret not in key.secret_hash
+    assert len(plan.id) == 32 and len(tenant.id) == 32 and tenant.status == "active"
+
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None
+    assert (ctx.key_id, ctx.tenant_id, ctx.tenant_name) == (key.id, tenant.id, "acme")
+    assert verify_secret(pepper, parsed.secret, ctx.secret_hash)
+    assert ctx.expires_at == pytest.approx(expires.timestamp(), abs=1e-3)
+    assert ctx.usable(time.time()) is None
+    assert (ctx.rpm, ctx.tpm, ctx.max_concurrent) == (10, None, None)
+    assert ctx.allowed_models == frozenset({"m1"})
+    assert ctx.allowed_adapters == frozenset({"lora-a"})
+    assert ctx.plan.rpm == 60 and ctx.plan.tpm == 100_000 and ctx.plan.max_concurrent == 4
+    assert ctx.plan.budget_micros == 25_000_000 and ctx.plan.budget_period == "day"
+    assert ctx.plan.allowed_tiers == frozenset({"economy"})
+    assert ctx.may_use_model("m1") and not ctx.may_use_model("m2")
+    assert await service.load_key_context(session, key_id="nosuchkey123") is None
+
+
+async def test_unrestricted_lists_are_stored_as_null(session: AsyncSession, pepper: bytes) -> None:
+    tenant = await make_tenant(session)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None
+    assert ctx.plan.allowed_models is None and ctx.plan.allowed_tiers is None
+    assert ctx.allowed_models is None and ctx.allowed_adapters is None
+    assert ctx.plan.rpm is None and ctx.expires_at is None
+    stored = await session.scalar(
+        select(ApiKey.id).where(ApiKey.id == key.id, ApiKey.allowed_models.is_(None))
+    )
+    assert stored == key.id
+    # An empty list is a real restriction ("nothing"), distinct from None ("everything").
+    empty, _ = await service.create_api_key(
+        session, tenant_id=tenant.id, pepper=pepper, allowed_models=[]
+    )
+    ctx = await service.load_key_context(session, key_id=empty.id)
+    assert ctx is not None and ctx.allowed_models == frozenset()
+    assert not ctx.may_use_model("m")
+
+
+async def test_every_mutation_bumps_the_auth_version(session: AsyncSession, pepper: bytes) -> None:
+    versions = [await service.auth_version(session)]
+
+    async def bumped() -> None:
+        versions.append(await service.auth_version(session))
+        assert versions[-1] == versions[-2] + 1
+
+    plan = await service.create_plan(session, name="p")
+    await bumped()
+    await service.update_plan(session, plan_id=plan.id, rpm=5)
+    await bumped()
+    tenant = await service.create_tenant(session, name="t", plan_id=plan.id)
+    await bumped()
+    await service.update_tenant(session, tenant_id=tenant.id, status="suspended")
+    await bumped()
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    await bumped()
+    await service.revoke_api_key(session, key_id=key.id)
+    await bumped()
+    admin, _ = await service.create_admin_key(session, pepper=pepper, name="ops")
+    await bumped()
+    await service.revoke_admin_key(session, key_id=admin.id)
+    await bumped()
+
+    # Reads, and no-op revocations, leave it alone.
+    await service.list_plans(session)
+    await service.load_key_context(session, key_id=key.id)
+    await service.revoke_api_key(session, key_id=key.id)
+    await service.revoke_admin_key(session, key_id=admin.id)
+    assert await service.auth_version(session) == versions[-1]
+
+
+async def test_revocation_is_visible_to_another_session(
+    db_engine: AsyncEngine, session: AsyncSession, pepper: bytes
+) -> None:
+    tenant = await make_tenant(session)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    async with make_sessionmaker(db_engine)() as replica:
+        before = await service.auth_version(replica)
+        ctx = await service.load_key_context(replica, key_id=key.id)
+        assert ctx is not None and ctx.usable(time.time()) is None
+        await replica.rollback()  # end the read transaction, as a poller's session would
+
+        revoked = await service.revoke_api_key(session, key_id=key.id)
+        assert revoked is not None and revoked.revoked_at is not None
+
+        assert await service.auth_version(replica) == before + 1
+        ctx = await service.load_key_context(replica, key_id=key.id)
+        assert ctx is not None and ctx.revoked and ctx.usable(time.time()) == "revoked"
+
+
+async def test_key_scoping_between_tenants(session: AsyncSession, pepper: bytes) -> None:
+    a = await make_tenant(session, "a")
+    b = await make_tenant(session, "b")
+    key_a, _ = await service.create_api_key(session, tenant_id=a.id, pepper=pepper)
+    key_b, _ = await service.create_api_key(session, tenant_id=b.id, pepper=pepper)
+
+    assert [k.id for k in await service.list_api_keys(session, tenant_id=a.id)] == [key_a.id]
+    assert await service.get_api_key(session, key_id=key_a.id, tenant_id=b.id) is None
+    assert await service.revoke_api_key(session, key_id=key_a.id, tenant_id=b.id) is None
+    own = await service.get_api_key(session, key_id=key_a.id, tenant_id=a.id)
+    assert own is not None and own.revoked_at is None
+    ctx = await service.load_key_context(session, key_id=key_a.id)
+    assert ctx is not None and not ctx.revoked
+
+    # Unscoped (admin) access reaches any key.
+    assert (await service.get_api_key(session, key_id=key_b.id)) is not None
+    revoked = await service.revoke_api_key(session, key_id=key_b.id, tenant_id=b.id)
+    assert revoked is not None and revoked.revoked_at is not None
+    assert await service.revoke_api_key(session, key_id="nosuchkey123") is None
+
+
+async def test_expired_and_suspended(session: AsyncSession, pepper: bytes) -> None:
+    tenant = await make_tenant(session)
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    expired, _ = await service.create_api_key(
+        session, tenant_id=tenant.id, pepper=pepper, expires_at=past
+    )
+    fine, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    now = time.time()
+    ctx = await service.load_key_context(session, key_id=expired.id)
+    assert ctx is not None and ctx.usable(now) == "expired"
+
+    await service.update_tenant(session, tenant_id=tenant.id, status="suspended")
+    ctx = await service.load_key_context(session, key_id=fine.id)
+    assert ctx is not None and not ctx.tenant_active and ctx.usable(now) == "tenant suspended"
+
+    reactivated = await service.update_tenant(session, tenant_id=tenant.id, status="active")
+    assert reactivated is not None and reactivated.status == "active"
+    ctx = await service.load_key_context(session, key_id=fine.id)
+    assert ctx is not None and ctx.usable(now) is None
+
+
+async def test_plan_changes_reach_the_key_context(session: AsyncSession, pepper: bytes) -> None:
+    tenant = await make_tenant(session, rpm=10)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    bigger = await service.create_plan(session, name="bigger", rpm=1000, allowed_models=["x"])
+    moved = await service.update_tenant(session, tenant_id=tenant.id, plan_id=bigger.id)
+    assert moved is not None and moved.plan_id == bigger.id
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and ctx.plan.rpm == 1000
+
+    updated = await service.update_plan(session, plan_id=bigger.id, rpm=None, allowed_models=None)
+    assert updated is not None and updated.rpm is None
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and ctx.plan.rpm is None and ctx.plan.allowed_models is None
+
+
+async def test_validation_errors(session: AsyncSession, pepper: bytes) -> None:
+    plan = await service.create_plan(session, name="basic")
+    tenant = await service.create_tenant(session, name="acme", plan_id=plan.id)
+    with pytest.raises(ConflictError):
+        await service.create_plan(session, name="basic")
+    with pytest.raises(ConflictError):
+        await service.create_tenant(session, name="acme", plan_id=plan.id)
+    with pytest.raises(NotFoundError):
+        await service.create_tenant(session, name="other", plan_id="nope")
+    with pytest.raises(NotFoundError):
+        await service.create_api_key(session, tenant_id="nope", pepper=pepper)
+    with pytest.raises(NotFoundError):
+        await service.update_tenant(session, tenant_id=tenant.id, plan_id="nope")
+    with pytest.raises(InvalidError):
+        await service.update_tenant(session, tenant_id=tenant.id, status="deleted")
+    with pytest.raises(InvalidError):
+        await service.create_plan(session, name="weekly", budget_period="week")
+    with pytest.raises(InvalidError):
+        await service.create_plan(session, name="neg", rpm=-1)
+    with pytest.raises(InvalidError):
+        await service.create_plan(session, name="  ")
+    with pytest.raises(InvalidError):
+        await service.create_plan(session, name="str-list", allowed_models="m1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidError):
+        await service.update_plan(session, plan_id=plan.id, colour="red")
+    with pytest.raises(InvalidError):
+        await service.create_api_key(
+            session, tenant_id=tenant.id, pepper=pepper, expires_at=datetime(2030, 1, 1)
+        )
+    other = await service.create_plan(session, name="other")
+    with pytest.raises(ConflictError):
+        await service.update_plan(session, plan_id=other.id, name="basic")
+    assert await service.update_plan(session, plan_id="nope", rpm=1) is None
+    assert await service.update_tenant(session, tenant_id="nope", status="active") is None
+    # The session is still usable after all those refusals.
+    assert [p.name for p in await service.list_plans(session)] == ["basic", "other"]
+    assert [t.name for t in await service.list_tenants(session)] == ["acme"]
+
+
+async def test_unique_names_hold_under_a_race(db_engine: AsyncEngine) -> None:
+    """Two sessions pass the pre-check together: the database constraint still decides."""
+    sessionmaker = make_sessionmaker(db_engine)
+
+    async def attempt() -> str:
+        async with sessionmaker() as s:
+            try:
+                await service.create_plan(s, name="same")
+            except ConflictError:
+                return "conflict"
+            return "ok"
+
+    results = sorted(await asyncio.gather(*(attempt() for _ in range(4))))
+    assert results.count("ok") == 1 and results.count("conflict") == 3
+
+
+async def test_concurrent_mutations_each_bump_once(db_engine: AsyncEngine) -> None:
+    sessionmaker = make_sessionmaker(db_engine)
+    async with sessionmaker() as s:
+        start = await service.auth_version(s)
+
+    async def create(i: int) -> None:
+        async with sessionmaker() as s:
+            await service.create_plan(s, name=f"plan-{i}")
+
+    await asyncio.gather(*(create(i) for i in range(12)))
+    async with sessionmaker() as s:
+        assert await service.auth_version(s) == start + 12
+
+
+async def test_foreign_keys_are_enforced(session: AsyncSession) -> None:
+    session.add(Tenant(name="orphan", plan_id="missing", status="active"))
+    with pytest.raises(IntegrityError):
+        await session.commit()
+    await session.rollback()
+
+
+async def test_admin_keys(session: AsyncSession, pepper: bytes) -> None:
+    assert await service.count_admin_keys(session) == 0
+    first, full = await service.create_admin_key(session, pepper=pepper, name="bootstrap")
+    second, _ = await service.create_admin_key(session, pepper=pepper, name="ops")
+    parsed = parse_key(full)
+    assert parsed is not None and parsed.admin and parsed.key_id == first.id
+    assert await service.count_admin_keys(session) == 2
+
+    ctx = await service.load_admin_context(session, key_id=first.id)
+    assert ctx is not None and ctx.name == "bootstrap" and not ctx.revoked
+    assert verify_secret(pepper, parsed.secret, ctx.secret_hash)
+    # Admin ids do not resolve as tenant keys.
+    assert await service.load_key_context(session, key_id=first.id) is None
+
+    revoked = await service.revoke_admin_key(session, key_id=first.id)
+    assert revoked is not None and revoked.revoked_at is not None
+    assert await service.count_admin_keys(session) == 1
+    ctx = await service.load_admin_context(session, key_id=first.id)
+    assert ctx is not None and ctx.revoked
+    assert [k.id for k in await service.list_admin_keys(session)] == [first.id, second.id]
+    assert await service.revoke_admin_key(session, key_id="nosuchkey123") is None
+    assert await service.load_admin_context(session, key_id="nosuchkey123") is None
+
+
+async def test_timestamps_are_aware_utc(session: AsyncSession, pepper: bytes) -> None:
+    tenant = await make_tenant(session)
+    plus_two = timezone(timedelta(hours=2))
+    expires = datetime(2031, 6, 1, 14, 30, tzinfo=plus_two)
+    key, _ = await service.create_api_key(
+        session, tenant_id=tenant.id, pepper=pepper, expires_at=expires
+    )
+    session.expunge_all()
+    stored = await service.get_api_key(session, key_id=key.id)
+    assert stored is not None and stored.expires_at is not None
+    assert stored.expires_at == expires
+    assert stored.expires_at.utcoffset() == timedelta(0)
+    assert stored.created_at.tzinfo is not None
+    assert abs((datetime.now(UTC) - stored.created_at).total_seconds()) < 60
+
+
+async def test_usage_records_and_summaries(session: AsyncSession) -> None:
+    a = await make_tenant(session, "a")
+    b = await make_tenant(session, "b")
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def rec(tenant: str, model: str, hours: int, cost: int, **extra: object) -> dict[str, object]:
+        return {
+            "request_id": f"req-{tenant}-{model}-{hours}",
+            "tenant_id": tenant,
+            "key_id": "abcdefgh1234",
+            "model": model,
+            "deployment": "embedded",
+            "prompt_tokens": 10,
+            "completion_tokens": 5,
+            "cached_tokens": 2,
+            "cost_micros": cost,
+            "status": "ok",
+            "created_at": t0 + timedelta(hours=hours),
+            **extra,
+        }
+
+    big = 5_000_000_000  # > 2**31 micro-USD: needs 64-bit columns
+    await service.record_usage(
+        session,
+        records=[
+            rec(a.id, "m1", 0, 100),
+            rec(a.id, "m1", 1, 200),
+            rec(a.id, "m2", 2, big),
+            rec(b.id, "m1", 1, 999),
+        ],
+    )
+    await service.record_usage(session, records=[])
+
+    summary = await service.usage_summary(session, tenant_id=a.id)
+    assert [(u.model, u.requests, u.cost_micros) for u in summary] == [
+        ("m1", 2, 300),
+        ("m2", 1, big),
+    ]
+    assert summary[0].prompt_tokens == 20 and summary[0].completion_tokens == 10
+    assert summary[0].cached_tokens == 4
+
+    window = await service.usage_summary(
+        session, tenant_id=a.id, since=t0 + timedelta(hours=1), until=t0 + timedelta(hours=2)
+    )
+    assert [(u.model, u.requests, u.cost_micros) for u in window] == [("m1", 1, 200)]
+
+    assert await service.spent_micros(session, tenant_id=a.id, since=t0) == 300 + big
+    assert await service.spent_micros(session, tenant_id=a.id, since=t0 + timedelta(hours=1)) == (
+        200 + big
+    )
+    assert await service.spent_micros(session, tenant_id=b.id, since=t0) == 999
+    assert await service.spent_micros(session, tenant_id="nobody", since=t0) == 0
+    assert await service.usage_summary(session, tenant_id="nobody") == []
+
+
+async def test_usage_defaults_fill_missing_columns(session: AsyncSession) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    await service.record_usage(
+        session,
+        records=[{"request_id": "r1", "tenant_id": "t", "key_id": None, "model": "m"}],
+    )
+    (only,) = await service.usage_summary(session, tenant_id="t", since=before)
+    assert (only.requests, only.prompt_tokens, only.cost_micros) == (1, 0, 0)
