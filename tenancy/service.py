@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from tenancy.context import AdminContext, KeyContext, PlanLimits
-from tenancy.keys import generate_key, hash_secret
+from tenancy.keys import GeneratedKey, generate_key, hash_secret
 from tenancy.models import (
     AUTH_STATE_ID,
     BUDGET_PERIODS,
@@ -283,7 +283,9 @@ async def update_tenant(
 # --- tenant API keys ----------------------------------------------------------------------
 
 
-async def _unused_key_id(session: AsyncSession, model: type[ApiKey] | type[AdminKey]) -> Any:
+async def _unused_key_id(
+    session: AsyncSession, model: type[ApiKey] | type[AdminKey]
+) -> GeneratedKey:
     for _ in range(_KEY_ID_ATTEMPTS):
         key = generate_key(admin=model is AdminKey)
         if await session.get(model, key.key_id) is None:

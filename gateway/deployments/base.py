@@ -54,6 +54,10 @@ class Deployment(ABC):
     async def close(self) -> None:  # noqa: B027 - an optional hook
         """Release resources."""
 
+    def stats(self) -> dict[str, float]:
+        """Load signals for /health (queue depth, KV use) where the deployment knows them."""
+        return {}
+
     @abstractmethod
     def prepare(self, request: OpenAIRequest, *, chat: bool) -> Call:
         """Validate and count tokens; raise APIError(400) for what this deployment refuses."""

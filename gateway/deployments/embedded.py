@@ -28,6 +28,9 @@ class EmbeddedDeployment(Deployment):
     async def close(self) -> None:
         await self.engine.shutdown()
 
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats()
+
     def prepare(self, request: OpenAIRequest, *, chat: bool) -> Call:
         body = request.upstream_body()
         try:

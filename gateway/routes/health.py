@@ -12,4 +12,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health")
 async def health(state: StateDep) -> JSONResponse:
-    return JSONResponse({"status": "ok", "deployments": len(state.deployments.deployments())})
+    return JSONResponse({"status": "ok", "deployments": {
+        d.name: {"model": d.config.model_name, **d.stats()}
+        for d in state.deployments.deployments()
+    }})

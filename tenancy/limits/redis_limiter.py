@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -48,6 +49,7 @@ class RedisLimiter:
         outage: OutageGuard | None = None,
         max_connections: int = 64,
     ) -> None:
+        parse_url(url)  # a malformed URL fails here, at startup, rather than on every request
         self._url = url
         self._fail_open = fail_open
         self._timeout_s = timeout_s

@@ -98,3 +98,30 @@ def test_upgrade_from_plain_sync_code(tmp_path) -> None:
     upgrade(url)
     tables = asyncio.run(_inspect(url, _tables))
     assert tables >= TABLES
+
+
+def test_offline_sql_renders_for_postgres(capsys) -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config("postgresql+asyncpg://u@h/db"), "head", sql=True)
+    sql = capsys.readouterr().out
+    assert "CREATE TABLE plans" in sql and "TIMESTAMP WITH TIME ZONE" in sql
+    assert "INSERT INTO auth_state" in sql
+
+
+async def test_upgrade_on_a_caller_provided_connection(blank_db_url: str) -> None:
+    """The app may migrate on a connection it already holds (config.attributes)."""
+    from alembic import command
+
+    def migrate(conn: Connection) -> None:
+        config = alembic_config(blank_db_url)
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+    engine = make_engine(blank_db_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(migrate)
+    finally:
+        await engine.dispose()
+    assert await _inspect(blank_db_url, _tables) == TABLES | {"alembic_version"}

@@ -135,6 +135,8 @@ def test_factory_does_no_io_and_picks_the_backend(closed_port: int) -> None:
     limiter = make_limiter(redis_url=f"redis://127.0.0.1:{closed_port}/0", fail_open=True)
     assert isinstance(limiter, RedisLimiter)
     assert isinstance(make_limiter(redis_url="", fail_open=False), InProcessLimiter)
+    with pytest.raises(ValueError):
+        make_limiter(redis_url="http://127.0.0.1:6379", fail_open=True)
 
 
 async def test_a_closed_redis_limiter_reconnects_on_next_use(namespace: str) -> None:
