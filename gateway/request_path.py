@@ -52,10 +52,15 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     ticket = Ticket(gw, key, deployment, call, admission, scope_state["request_id"])
     try:
         if body.stream:
-            try:
-                chunks = await deployment.open_stream(call, request_id=engine_id)
+            try:  # waiting for the first token (a long queue) also ends if the client leaves
+                chunks = await until_done_or_disconnect(
+                    deployment.open_stream(call, request_id=engine_id), request.receive
+                )
             finally:
                 scope_state["upstream_s"] = call.upstream_s
+            if chunks is None:
+                ticket.close("aborted")
+                return Response(status_code=499)
             return StreamingResponse(ticket.relay(chunks), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
         try:
