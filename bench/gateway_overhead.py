@@ -22,7 +22,8 @@ What it does:
    loop of keep-alive connections, a warmup, then N requests or T seconds, whichever first.
    Latency is time to last byte (streams included); time to first byte is kept too.
 4. Prints a table last and writes JSON to ``bench/results/gateway_overhead-cpu.json``
-   (``-cpu-quick.json`` with ``--quick``) with the date, machine and command.
+   with the date, machine and command; ``--quick`` or any other non-standard run writes
+   ``gateway_overhead-cpu-smoke.json`` instead, which git ignores.
 
 "Added" latency is the system's percentile minus the direct run's at the same concurrency and
 mode. The gateway's own ``x-gateway-overhead-ms`` header (LiteLLM's
@@ -214,6 +215,9 @@ def start_litellm(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
     """Ensure LiteLLM's venv, write its DB-less config, start its CLI with one worker."""
     ll_tmp = tmp / "litellm"
     ll_tmp.mkdir()
+    if not litellm_peer.installed_marker().exists():
+        print(f"litellm: installing {litellm_peer.LITELLM_REQUIREMENT} into "
+              f"{litellm_peer.VENV} (first use, a few minutes)", flush=True)
     litellm = litellm_peer.ensure_venv(log=ll_tmp / "install.log")
     config = ll_tmp / "config.yaml"
     config.write_text(litellm_peer.config_yaml(mock.url + "/v1", MODEL))
@@ -269,6 +273,28 @@ def probe(target: Target, mock: ServerProcess) -> dict[str, Any]:
     return checks
 
 
+def metering_check(target: Target, answered: int, polls: int = 20) -> dict[str, Any]:
+    """Requests the gateway metered for the tenant (``GET /v1/usage``) vs requests answered.
+
+    Usage may be written in batches after the answer, so this polls (bounded) until the count
+    reaches what was answered or stops moving.
+    """
+    metered, last = -1, None
+    for _ in range(polls):
+        status, _, body = http_request("GET", target.base_url + "/v1/usage",
+                                       headers={"Authorization": f"Bearer {target.api_key}"})
+        if status != 200:
+            return {"answered_ok": answered, "error": f"GET /v1/usage -> {status}"}
+        models = json.loads(body).get("models", [])
+        metered = sum(int(m.get("requests", 0)) for m in models)
+        if metered >= answered or metered == last:
+            break
+        last = metered
+        time.sleep(0.5)
+    cost = sum(int(m.get("cost_micros", 0)) for m in models) / 1e6
+    return {"answered_ok": answered, "metered_requests": metered, "metered_cost_usd": cost}
+
+
 # ----------------------------------------------------------------------------- measurement
 
 
@@ -307,8 +333,10 @@ def measure(target: Target, mock: ServerProcess, stream: bool, concurrency: int,
     served = res["completed"] + res["warmup"]["completed"]
     statuses = res.get("statuses", {})
     errors = sum(n for code, n in statuses.items() if not 200 <= int(code) < 300)
+    warm_ok = sum(n for code, n in res["warmup"]["statuses"].items() if 200 <= int(code) < 300)
     row = {"system": target.name, "stream": stream, "concurrency": concurrency,
-           "completed": res["completed"], "errors": errors + res["socket_errors"],
+           "completed": res["completed"], "answered_ok": res["ok"] + warm_ok,
+           "errors": errors + res["socket_errors"],
            "statuses": statuses, "wall_s": res["wall_s"], "rps": res["rps"],
            "latency_ms": res["latency_ms"], "ttfb_ms": res["ttfb_ms"],
            "self_reported_ms": {"header": target.self_header, **res["header_ms"],
@@ -355,24 +383,31 @@ def _sub(a: float | None, b: float | None) -> float | None:
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's two gateway targets, evaluated where both sides were measured."""
+    """The issue's two gateway targets per mode; ``met`` is None where a side is missing."""
     by = {(r["system"], r["stream"], r["concurrency"]): r for r in rows}
     out: list[dict[str, Any]] = []
     for stream in (False, True):
         mode = "stream" if stream else "plain"
         gw = by.get(("gateway", stream, 1))
-        if gw is not None and gw.get("added_ms", {}).get("p50") is not None:
-            added = gw["added_ms"]["p50"]
-            out.append({"target": f"gateway added latency p50 at c=1 ({mode})",
-                        "value_ms": added, "limit_ms": TARGET_ADDED_P50_MS,
-                        "met": added <= TARGET_ADDED_P50_MS})
+        added = (gw or {}).get("added_ms", {}).get("p50")
+        out.append({"target": f"gateway added latency p50 at c=1 ({mode})",
+                    "value_ms": added, "limit_ms": TARGET_ADDED_P50_MS,
+                    "met": None if added is None else added <= TARGET_ADDED_P50_MS})
         gw, ll = by.get(("gateway", stream, 32)), by.get(("litellm", stream, 32))
-        if gw is not None and ll is not None and ll["rps"] > 0:
-            ratio = gw["rps"] / ll["rps"]
-            out.append({"target": f"gateway RPS at c=32 vs LiteLLM ({mode})",
-                        "value_ratio": round(ratio, 2), "limit_ratio": TARGET_RPS_RATIO,
-                        "met": ratio >= TARGET_RPS_RATIO})
+        ratio = gw["rps"] / ll["rps"] if gw and ll and ll["rps"] > 0 else None
+        out.append({"target": f"gateway RPS at c=32 vs LiteLLM ({mode})",
+                    "value_ratio": None if ratio is None else round(ratio, 2),
+                    "limit_ratio": TARGET_RPS_RATIO,
+                    "met": None if ratio is None else ratio >= TARGET_RPS_RATIO})
     return out
+
+
+def target_line(t: dict[str, Any]) -> str:
+    if t["met"] is None:
+        return f"target: {t['target']}: not evaluated (a system was not measured)"
+    value = (f"{t['value_ms']:.3f} ms (<= {t['limit_ms']} ms)" if "value_ms" in t
+             else f"{t['value_ratio']:.2f}x (>= {t['limit_ratio']}x)")
+    return f"target: {t['target']}: {value} -> {'MET' if t['met'] else 'NOT MET'}"
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
@@ -413,6 +448,19 @@ def machine() -> dict[str, Any]:
             "hostname": platform.node()}
 
 
+def command_line(argv: list[str] | None) -> str:
+    """How this run was started, with the interpreter relative to the repository."""
+    exe = Path(sys.executable)
+    shown = str(exe.relative_to(ROOT)) if exe.is_relative_to(ROOT) else exe.name
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join([shown, "bench/gateway_overhead.py", *args])
+
+
+def load_average() -> list[float]:
+    """1/5/15-minute load averages: how busy the (shared) machine was."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def git_commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=ROOT, check=False, timeout=30)
@@ -427,17 +475,21 @@ def report(result: dict[str, Any]) -> str:
             out.append(f"!! {name} could not be measured: {info.get('error')}")
     rows = result["results"]
     out.append(table(rows) if rows else "(no measurements)")
-    for t in result["targets"]:
-        value = (f"{t['value_ms']:.3f} ms (<= {t['limit_ms']} ms)" if "value_ms" in t
-                 else f"{t['value_ratio']:.2f}x (>= {t['limit_ratio']}x)")
-        out.append(f"target: {t['target']}: {value} -> {'MET' if t['met'] else 'NOT MET'}")
+    out.extend(target_line(t) for t in result["targets"])
+    meter = result["systems"].get("gateway", {}).get("metering")
+    if meter:
+        out.append(f"gateway metering: {meter.get('metered_requests')} of "
+                   f"{meter['answered_ok']} answered requests metered "
+                   f"(${meter.get('metered_cost_usd')}) {meter.get('error', '')}".rstrip())
     shares = [r["loadgen_cpu_share"] for r in rows]
     if shares:
         out.append(f"load generator: {result['loadgen']}; its CPU use per run "
                    f"{min(shares) * 100:.0f}%..{max(shares) * 100:.0f}% of one core")
     out.append(f"pinning: {result['pinning']['description']}")
     out.append(f"machine: {result['machine']['cpu_count']} CPUs, "
-               f"{result['machine']['cpu_model']}; date {result['date']}")
+               f"{result['machine']['cpu_model']}; date {result['date']}; load average "
+               f"{result['load_average_start'][0]} at start, "
+               f"{result['load_average_end'][0]} at end")
     return "\n".join(out)
 
 
@@ -470,6 +522,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     grace_s=base.grace_s)
 
 
+def is_standard(args: argparse.Namespace) -> bool:
+    """Whether this run is the recorded standard one (all systems, sizes, concurrencies)."""
+    return (not args.quick and args.requests is None and args.duration is None
+            and args.systems == ",".join(SYSTEMS)
+            and args.concurrency == ",".join(map(str, CONCURRENCIES)))
+
+
 STARTERS = {"gateway": start_gateway, "litellm": start_litellm}
 
 
@@ -478,6 +537,7 @@ def run_system(name: str, tmp: Path, mock: ServerProcess, concurrencies: list[in
     """Start, check and measure one system; (status, rows). Never raises."""
     print(f"{name}: starting", flush=True)
     target: Target | None = None
+    status: dict[str, Any]
     try:
         if name == "direct":
             target = Target("direct", mock.url, UPSTREAM_KEY)
@@ -485,10 +545,13 @@ def run_system(name: str, tmp: Path, mock: ServerProcess, concurrencies: list[in
             target = STARTERS[name](tmp, mock, pin)
         checks = probe(target, mock)
         rows = measure_system(target, mock, concurrencies, settings, pin)
-        return {"ok": True, "checks": checks, **target.info}, rows
+        status = {"ok": True, "checks": checks, **target.info}
+        if name == "gateway":  # probe: one plain and one streamed request answered
+            status["metering"] = metering_check(target, 2 + sum(r["answered_ok"] for r in rows))
+        return status, rows
     except Exception as exc:
         print(f"{name}: FAILED: {exc}", flush=True)
-        status: dict[str, Any] = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
+        status = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                                   "traceback": traceback.format_exc()[-3000:]}
         if target is not None and target.server is not None:
             status["log_tail"] = target.server.log_tail()
@@ -511,15 +574,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "gateway_overhead",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]) if argv is None
-        else shlex.join(["gateway_overhead.py", *argv]),
+        "command": command_line(argv),
         "git_commit": git_commit(), "machine": machine(), "settings": asdict(settings),
         "pinning": pin.as_dict(),
         "loadgen": "bench/gateway_loadgen.py (raw asyncio + uvloop, closed loop, keep-alive, "
                    "one process)",
         "request": {"path": "/v1/chat/completions", "plain": chat_body(False),
                     "stream": chat_body(True)},
-        "systems": {}, "results": []}
+        "load_average_start": load_average(), "systems": {}, "results": []}
     mock = start_mock(tmp, pin)
     try:
         for name in systems:
@@ -530,9 +592,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         mock.stop()
         if not args.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    result["load_average_end"] = load_average()
     add_deltas(result["results"])
     result["targets"] = targets(result["results"])
-    out = args.out or RESULTS / f"gateway_overhead-cpu{'-quick' if args.quick else ''}.json"
+    out = args.out or RESULTS / f"gateway_overhead-cpu{'' if is_standard(args) else '-smoke'}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
