@@ -10,7 +10,7 @@ import contextlib
 import logging
 from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from tenancy import service
@@ -50,14 +50,35 @@ class UsageMeter:
         await self.flush()
 
     async def flush(self) -> int:
+        """Write everything pending. Connection trouble raises (retry later); a record the
+        database refuses is logged and skipped, so one bad record never blocks the rest."""
         written = 0
         while self._pending:
             batch = self._pending[:MAX_BATCH]
-            async with self._sessionmaker() as session:
-                await service.record_usage(session, records=batch)
+            try:
+                await self._write(batch)
+            except (OperationalError, InterfaceError):
+                raise
+            except DBAPIError:
+                batch = await self._write_one_by_one(batch)
             del self._pending[: len(batch)]
             written += len(batch)
         return written
+
+    async def _write(self, records: list[dict[str, Any]]) -> None:
+        async with self._sessionmaker() as session:
+            await service.record_usage(session, records=records)
+
+    async def _write_one_by_one(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for record in batch:
+            try:
+                await self._write([record])
+            except (OperationalError, InterfaceError):
+                raise
+            except DBAPIError as exc:
+                logger.error("usage record %s refused by the database (%s); skipped",
+                             record.get("request_id"), type(exc.orig).__name__)
+        return batch
 
     async def _run(self) -> None:
         while True:

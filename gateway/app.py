@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import APIError, error_body
-from gateway.middleware import GatewayMiddleware
+from gateway.middleware import AdminGuard, GatewayMiddleware
 from gateway.routes import health, openai, tenant
 from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(openai.router)
     app.include_router(tenant.router)
     app.include_router(admin_router)
+    app.add_middleware(AdminGuard)  # admin auth before any body is parsed
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
     _add_error_handlers(app)
     return app
@@ -54,6 +55,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
+        if first.get("type") == "json_invalid":
+            return JSONResponse(error_body("We could not parse the JSON body of your request.",
+                                           "invalid_request_error", "invalid_json"),
+                                status_code=400)
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = f"Invalid value for '{param}': {first.get('msg')}." if param else str(

@@ -2,7 +2,8 @@
 
 Key contexts are cached per key id after one lookup. Every mutation of keys, tenants or plans
 bumps a version row in the database; each replica polls it (default every 0.5 s) and drops
-its cache when it moves, so a revocation reaches every replica well within 2 seconds.
+its cache when it moves, so a revocation reaches every replica well within 2 seconds. The
+replica that made the change catches up at once (`AuthWatcher.catch_up`).
 Unknown key ids are cached too (bounded), so random keys cannot hammer the database.
 """
 
@@ -154,6 +155,13 @@ class AuthWatcher:
         if version != self._cache.version:
             self._cache.version = version
             self._cache.clear()
+
+    async def catch_up(self) -> None:
+        """After a mutation through this replica: apply it here now, not at the next poll."""
+        try:
+            await self.check()
+        except (SQLAlchemyError, OSError) as exc:  # committed anyway; the next poll applies it
+            logger.warning("auth version check failed: %s", type(exc).__name__)
 
     async def _run(self) -> None:
         while True:

@@ -109,8 +109,8 @@ def validation_error(exc: ValidationError) -> APIError:
     if first["type"] in ("json_invalid", "json_type"):
         return bad_request("We could not parse the JSON body of your request: "
                            f"{first['msg']}.", code="invalid_json")
-    loc = [str(p) for p in first["loc"] if not str(p).startswith(("function-", "constrained-"))]
-    param = ".".join(loc[:1] + [p for p in loc[1:] if p.isdigit() or p.isidentifier()][:3])
+    loc = [str(p) for p in first["loc"] if not _is_type_tag(str(p))]
+    param = ".".join(loc[:4])
     if first["type"] == "missing":
         return bad_request(f"Missing required parameter: '{param}'.", param=param,
                            code="missing_required_parameter")
@@ -118,6 +118,14 @@ def validation_error(exc: ValidationError) -> APIError:
         return bad_request("The request body must be a JSON object.", code="invalid_type")
     return bad_request(f"Invalid value for '{param}': {first['msg']}.", param=param or None,
                        code="invalid_value")
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_type_tag(part: str) -> bool:
+    """pydantic puts union branch names ('str', 'list[int]', ...) in error locations."""
+    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-"))
 
 
 def resolve(gw: GatewayState, key: KeyContext, model: str) -> Deployment:

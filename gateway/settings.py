@@ -17,7 +17,7 @@ class Settings(BaseSettings):
     # Empty: in-process limiter (one gateway process). redis://127.0.0.1:6379/0 for replicas.
     redis_url: str = ""
     redis_fail_open: bool = True
-    redis_timeout_s: float = 0.25
+    redis_timeout_s: float = 1.0
     # The keyed-hash secret for API keys. Empty: read or create `secret_file` (mode 0600).
     secret_key: str = ""
     secret_file: Path = Path(".switchboard-secret")

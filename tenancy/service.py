@@ -118,10 +118,12 @@ def _check_name(name: str, what: str) -> str:
 
 
 def _check_limit(value: int | None, field: str) -> int | None:
+    """Limits fit a 32-bit column; money (micro-USD) fits a 64-bit one."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidError(f"{field} must be a non-negative integer or null")
+    top = 2**63 - 1 if field.endswith("_micros") else 2**31 - 1
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
+        raise InvalidError(f"{field} must be an integer in [0, {top}] or null")
     return value
 
 

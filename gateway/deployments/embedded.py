@@ -36,7 +36,8 @@ class EmbeddedDeployment(Deployment):
         try:
             prepared = self.client.prepare(body, chat=chat)
         except InvalidRequestError as exc:
-            raise bad_request(str(exc), param=exc.param, code=exc.code) from None
+            param = "prompt" if exc.param == "messages" and not chat else exc.param
+            raise bad_request(str(exc), param=param, code=exc.code) from None
         return Call(request, chat, prompt_tokens=prepared.usage.prompt_tokens,
                     max_output_tokens=prepared.max_output_tokens, usage=prepared.usage,
                     native=prepared)

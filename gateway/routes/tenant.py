@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter
 
-from gateway.deps import SessionDep, TenantDep
+from gateway.deps import SessionDep, StateDep, TenantDep
 from gateway.errors import not_found
-from gateway.schemas.admin import KeyOut, ModelUsageOut, UsageOut
+from gateway.schemas.admin import Id, KeyOut, ModelUsageOut, Timestamp, UsageOut
 from tenancy import service
 
 router = APIRouter(prefix="/v1", tags=["tenant"])
@@ -21,17 +19,20 @@ async def list_own_keys(key: TenantDep, session: SessionDep) -> list[KeyOut]:
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_own_key(key_id: str, key: TenantDep, session: SessionDep) -> KeyOut:
+async def revoke_own_key(
+    key_id: Id, key: TenantDep, session: SessionDep, state: StateDep
+) -> KeyOut:
     revoked = await service.revoke_api_key(session, key_id=key_id, tenant_id=key.tenant_id)
     if revoked is None:
         raise not_found(f"No API key with id '{key_id}'.")
+    await state.watcher.catch_up()  # here at once; other replicas within a poll
     return KeyOut.model_validate(revoked)
 
 
 @router.get("/usage")
 async def own_usage(
-    key: TenantDep, session: SessionDep, since: datetime | None = None,
-    until: datetime | None = None,
+    key: TenantDep, session: SessionDep, since: Timestamp | None = None,
+    until: Timestamp | None = None,
 ) -> UsageOut:
     rows = await service.usage_summary(session, tenant_id=key.tenant_id, since=since, until=until)
     return UsageOut(tenant_id=key.tenant_id, since=since, until=until,

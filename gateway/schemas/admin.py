@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-Limit = Annotated[int, Field(ge=1, le=10**12)] | None
-Name = Annotated[str, Field(min_length=1, max_length=200)]
-Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=512)]], Field(max_length=1000)]
+# Limits are stored in INTEGER columns (32-bit on PostgreSQL).
+Limit = Annotated[int, Field(ge=1, le=2**31 - 1)] | None
+# PostgreSQL text cannot hold NUL, so no stored string may contain one.
+_NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL)]
+Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=512, pattern=_NO_NUL)]],
+                  Field(max_length=1000)]
+# Ids of plans, tenants and keys, in paths and bodies: anything else names nothing.
+Id = Annotated[str, StringConstraints(min_length=1, max_length=64,
+                                      pattern=r"^[A-Za-z0-9._:-]+$")]
+
+
+def _utc_representable(value: datetime) -> datetime:
+    """Aware datetimes must stay inside the calendar once converted to UTC, as stored."""
+    if value.tzinfo is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("the date is out of range once converted to UTC") from None
+    return value
+
+
+# A timestamp the database can store and compare (naive ones are taken as UTC there).
+Timestamp = Annotated[datetime, AfterValidator(_utc_representable)]
 
 
 class _In(BaseModel):
@@ -58,11 +79,11 @@ class PlanOut(_Out):
 
 class TenantCreate(_In):
     name: Name
-    plan_id: str
+    plan_id: Id
 
 
 class TenantUpdate(_In):
-    plan_id: str | None = None
+    plan_id: Id | None = None
     status: Literal["active", "suspended"] | None = None
 
 
@@ -75,8 +96,8 @@ class TenantOut(_Out):
 
 
 class KeyCreate(_In):
-    name: Annotated[str, Field(max_length=200)] = ""
-    expires_at: datetime | None = None
+    name: Annotated[str, Field(max_length=200, pattern=_NO_NUL)] = ""
+    expires_at: Timestamp | None = None
     rpm: Limit = None
     tpm: Limit = None
     max_concurrent: Limit = None

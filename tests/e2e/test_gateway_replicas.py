@@ -44,6 +44,8 @@ async def test_rpm_exact_across_three_gateways(tmp_path):
                 "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
                 "SWITCHBOARD_REDIS_URL": "redis://127.0.0.1:6379/0",
                 "SWITCHBOARD_REDIS_FAIL_OPEN": "false", "SWITCHBOARD_EMBEDDED_MODEL": "none",
+                # A loaded CI machine must not turn slow Redis answers into refusals.
+                "SWITCHBOARD_REDIS_TIMEOUT_S": "10",
                 "SWITCHBOARD_LOG_LEVEL": "warning",
                 "SWITCHBOARD_DEPLOYMENTS_FILE": str(write_deployments(
                     tmp_path, [mock_deployment(upstream.base_url)])),

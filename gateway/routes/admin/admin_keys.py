@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.deps import AdminDep, SessionDep, StateDep
 from gateway.errors import bad_request, not_found
-from gateway.schemas.admin import AdminKeyCreate, AdminKeyCreated, AdminKeyOut
+from gateway.schemas.admin import AdminKeyCreate, AdminKeyCreated, AdminKeyOut, Id
 from tenancy import service
 
 router = APIRouter(prefix="/admin-keys", tags=["admin"])
@@ -18,6 +18,7 @@ async def create_admin_key(
 ) -> AdminKeyCreated:
     record, full = await service.create_admin_key(session, pepper=state.keys.pepper,
                                                   name=body.name)
+    await state.watcher.catch_up()
     out = AdminKeyOut.model_validate(record).model_dump()
     return AdminKeyCreated.model_validate({**out, "key": full})
 
@@ -28,10 +29,13 @@ async def list_admin_keys(session: SessionDep) -> list[AdminKeyOut]:
 
 
 @router.delete("/{key_id}")
-async def revoke_admin_key(key_id: str, admin: AdminDep, session: SessionDep) -> AdminKeyOut:
+async def revoke_admin_key(
+    key_id: Id, admin: AdminDep, session: SessionDep, state: StateDep
+) -> AdminKeyOut:
     if key_id == admin.key_id:
         raise bad_request("An admin key cannot revoke itself; use another admin key.")
     key = await service.revoke_admin_key(session, key_id=key_id)
     if key is None:
         raise not_found(f"No admin key with id '{key_id}'.")
+    await state.watcher.catch_up()
     return AdminKeyOut.model_validate(key)

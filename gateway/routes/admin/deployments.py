@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter
 
@@ -23,6 +24,10 @@ async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str,
     if config.provider != "openai":
         raise bad_request("Only 'openai' (HTTP) deployments can be added at runtime.",
                           param="provider")
+    url = urlsplit(config.base_url or "")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise bad_request("base_url must be an http:// or https:// URL with a host.",
+                          param="base_url")
     if state.deployments.get(config.name) is not None:
         raise conflict(f"A deployment named '{config.name}' already exists.")
     deployment = state.build_deployment(config)

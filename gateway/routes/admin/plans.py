@@ -7,9 +7,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from gateway.deps import SessionDep
+from gateway.deps import SessionDep, StateDep
 from gateway.errors import not_found
-from gateway.schemas.admin import PlanCreate, PlanOut, PlanUpdate
+from gateway.schemas.admin import Id, PlanCreate, PlanOut, PlanUpdate
 from tenancy import service
 
 router = APIRouter(prefix="/plans", tags=["admin"])
@@ -32,7 +32,7 @@ async def list_plans(session: SessionDep) -> list[PlanOut]:
 
 
 @router.get("/{plan_id}")
-async def get_plan(plan_id: str, session: SessionDep) -> PlanOut:
+async def get_plan(plan_id: Id, session: SessionDep) -> PlanOut:
     plan = await service.get_plan(session, plan_id=plan_id)
     if plan is None:
         raise not_found(f"No plan with id '{plan_id}'.")
@@ -40,11 +40,14 @@ async def get_plan(plan_id: str, session: SessionDep) -> PlanOut:
 
 
 @router.patch("/{plan_id}")
-async def update_plan(plan_id: str, body: PlanUpdate, session: SessionDep) -> PlanOut:
+async def update_plan(
+    plan_id: Id, body: PlanUpdate, session: SessionDep, state: StateDep
+) -> PlanOut:
     fields = body.model_dump(exclude_unset=True)
     if "budget_usd" in fields:
         fields["budget_micros"] = _micros(fields.pop("budget_usd"))
     plan = await service.update_plan(session, plan_id=plan_id, **fields)
     if plan is None:
         raise not_found(f"No plan with id '{plan_id}'.")
+    await state.watcher.catch_up()
     return PlanOut.model_validate(plan)

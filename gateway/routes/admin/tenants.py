@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.deps import SessionDep
+from gateway.deps import SessionDep, StateDep
 from gateway.errors import not_found
-from gateway.schemas.admin import TenantCreate, TenantOut, TenantUpdate
+from gateway.schemas.admin import Id, TenantCreate, TenantOut, TenantUpdate
 from tenancy import service
 
 router = APIRouter(prefix="/tenants", tags=["admin"])
@@ -24,7 +24,7 @@ async def list_tenants(session: SessionDep) -> list[TenantOut]:
 
 
 @router.get("/{tenant_id}")
-async def get_tenant(tenant_id: str, session: SessionDep) -> TenantOut:
+async def get_tenant(tenant_id: Id, session: SessionDep) -> TenantOut:
     tenant = await service.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
@@ -32,9 +32,12 @@ async def get_tenant(tenant_id: str, session: SessionDep) -> TenantOut:
 
 
 @router.patch("/{tenant_id}")
-async def update_tenant(tenant_id: str, body: TenantUpdate, session: SessionDep) -> TenantOut:
+async def update_tenant(
+    tenant_id: Id, body: TenantUpdate, session: SessionDep, state: StateDep
+) -> TenantOut:
     tenant = await service.update_tenant(session, tenant_id=tenant_id, plan_id=body.plan_id,
                                          status=body.status)
     if tenant is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
+    await state.watcher.catch_up()
     return TenantOut.model_validate(tenant)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter
 
 from gateway.deps import SessionDep
 from gateway.errors import not_found
-from gateway.schemas.admin import ModelUsageOut, UsageOut
+from gateway.schemas.admin import Id, ModelUsageOut, Timestamp, UsageOut
 from tenancy import service
 
 router = APIRouter(prefix="/usage", tags=["admin"])
@@ -16,8 +14,8 @@ router = APIRouter(prefix="/usage", tags=["admin"])
 
 @router.get("/{tenant_id}")
 async def tenant_usage(
-    tenant_id: str, session: SessionDep, since: datetime | None = None,
-    until: datetime | None = None,
+    tenant_id: Id, session: SessionDep, since: Timestamp | None = None,
+    until: Timestamp | None = None,
 ) -> UsageOut:
     if await service.get_tenant(session, tenant_id=tenant_id) is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")

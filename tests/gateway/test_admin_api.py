@@ -1,0 +1,395 @@
+"""The admin REST API end to end, in-process, on SQLite and PostgreSQL.
+
+Plans, tenants, tenant keys, admin keys, runtime deployments and usage: what each endpoint
+returns, what it refuses, and that every refusal leaves in OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.support import (
+    Seeded,
+    admin_key,
+    bearer,
+    gateway_client,
+    mock_deployment,
+    seed_tenant,
+    settings,
+    write_deployments,
+)
+
+CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+KEY_FIELDS = {"id", "tenant_id", "name", "created_at", "expires_at", "revoked_at", "rpm", "tpm",
+              "max_concurrent", "allowed_models", "allowed_adapters"}
+ADMIN_KEY_FIELDS = {"id", "name", "created_at", "revoked_at"}
+UPSTREAM_SECRET = mock_deployment("http://unused")["api_key"]
+
+
+@dataclass
+class Admin:
+    client: httpx.AsyncClient  # sends the bootstrap admin key
+    key: str
+    tenant: Seeded  # a tenant on an unrestricted plan, with one key
+    upstream_url: str
+
+
+@pytest.fixture
+async def admin(db_url, tmp_path, mock_upstream) -> AsyncIterator[Admin]:
+    key = await admin_key(db_url, tmp_path)
+    tenant = await seed_tenant(db_url, tmp_path, name="acme")
+    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(
+        tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    async with gateway_client(cfg) as client:
+        client.headers.update(bearer(key))
+        yield Admin(client, key, tenant, mock_upstream.base_url)
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    assert response.headers["x-request-id"]
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, *, code: str | None = None,
+                 param: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    assert response.headers["x-request-id"]
+    return error
+
+
+def unknown_id() -> str:
+    return uuid.uuid4().hex
+
+
+# --- plans --------------------------------------------------------------------------------
+
+
+async def test_plans_create_list_get_patch(admin):
+    c = admin.client
+    plan = ok(await c.post("/admin/plans", json={
+        "name": "gold", "rpm": 60, "tpm": 10_000, "budget_usd": "12.5", "budget_period": "day",
+        "allowed_models": ["mock-model"]}), 201)
+    assert plan["budget_micros"] == 12_500_000 and "budget_usd" not in plan
+    assert (plan["rpm"], plan["tpm"], plan["max_concurrent"]) == (60, 10_000, None)
+    assert plan["budget_period"] == "day"
+    assert plan["allowed_models"] == ["mock-model"] and plan["allowed_tiers"] is None
+
+    listed = ok(await c.get("/admin/plans"))
+    assert {p["name"] for p in listed} == {"gold", "acme-plan"}
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan
+
+    patched = ok(await c.patch(f"/admin/plans/{plan['id']}", json={
+        "budget_usd": 0.29, "rpm": None, "allowed_tiers": ["standard"]}))
+    assert patched == {**plan, "budget_micros": 290_000, "rpm": None,
+                       "allowed_tiers": ["standard"]}
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == patched
+    cleared = ok(await c.patch(f"/admin/plans/{plan['id']}", json={"budget_usd": None}))
+    assert cleared["budget_micros"] is None and cleared["tpm"] == 10_000
+
+
+async def test_plan_errors(admin):
+    c = admin.client
+    plan = ok(await c.post("/admin/plans", json={"name": "gold"}), 201)
+    assert_error(await c.post("/admin/plans", json={"name": "gold"}), 409)
+    assert_error(await c.patch(f"/admin/plans/{plan['id']}", json={"name": "acme-plan"}), 409)
+    assert_error(await c.get(f"/admin/plans/{unknown_id()}"), 404, code="not_found")
+    assert_error(await c.patch(f"/admin/plans/{unknown_id()}", json={"rpm": 5}), 404)
+    assert_error(await c.patch(f"/admin/plans/{plan['id']}", json={"color": "red"}), 400)
+    assert_error(await c.post("/admin/plans", json={"rpm": 5}), 400, param="name")
+    assert_error(await c.post("/admin/plans", json={"name": "x", "budget_usd": -1}), 400,
+                 param="budget_usd")
+    assert_error(await c.post("/admin/plans", json={"name": "x", "budget_period": "week"}), 400)
+    assert_error(await c.patch(f"/admin/plans/{plan['id']}", json={"name": None}), 400)
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan  # nothing half-applied
+
+
+@pytest.mark.parametrize("body", [
+    {"name": "big", "rpm": 2**40},  # beyond the INTEGER column
+    {"name": "big", "tpm": 2**31},
+    {"name": "nul\x00name"},  # PostgreSQL text cannot hold NUL
+], ids=["rpm-2^40", "tpm-2^31", "nul-in-name"])
+async def test_plan_values_the_database_cannot_store_are_400(admin, body):
+    assert_error(await admin.client.post("/admin/plans", json=body), 400)
+    assert ok(await admin.client.get("/admin/plans"))  # still serving
+
+
+# --- tenants ------------------------------------------------------------------------------
+
+
+async def test_tenants_create_list_get_patch(admin):
+    c = admin.client
+    plan = ok(await c.post("/admin/plans", json={"name": "silver"}), 201)
+    tenant = ok(await c.post("/admin/tenants", json={"name": "globex",
+                                                     "plan_id": admin.tenant.plan_id}), 201)
+    assert tenant["status"] == "active" and tenant["plan_id"] == admin.tenant.plan_id
+    assert {t["name"] for t in ok(await c.get("/admin/tenants"))} == {"acme", "globex"}
+    assert ok(await c.get(f"/admin/tenants/{tenant['id']}")) == tenant
+
+    moved = ok(await c.patch(f"/admin/tenants/{tenant['id']}", json={"plan_id": plan["id"]}))
+    assert moved == {**tenant, "plan_id": plan["id"]}
+    suspended = ok(await c.patch(f"/admin/tenants/{tenant['id']}", json={"status": "suspended"}))
+    assert suspended == {**moved, "status": "suspended"}
+    assert ok(await c.get(f"/admin/tenants/{tenant['id']}"))["status"] == "suspended"
+
+
+async def test_tenant_errors(admin):
+    c = admin.client
+    plan_id, tenant_id = admin.tenant.plan_id, admin.tenant.tenant_id
+    assert_error(await c.post("/admin/tenants", json={"name": "acme", "plan_id": plan_id}), 409)
+    assert_error(await c.post("/admin/tenants", json={"name": "new", "plan_id": unknown_id()}),
+                 404)
+    assert_error(await c.post("/admin/tenants", json={"name": "new"}), 400, param="plan_id")
+    assert_error(await c.post("/admin/tenants", json={"name": "", "plan_id": plan_id}), 400)
+    assert_error(await c.get(f"/admin/tenants/{unknown_id()}"), 404, code="not_found")
+    assert_error(await c.patch(f"/admin/tenants/{unknown_id()}", json={"status": "active"}), 404)
+    assert_error(await c.patch(f"/admin/tenants/{tenant_id}", json={"plan_id": unknown_id()}),
+                 404)
+    assert_error(await c.patch(f"/admin/tenants/{tenant_id}", json={"status": "deleted"}), 400)
+    assert_error(await c.get("/admin/tenants/a%00b"), 400, param="tenant_id")  # not a 500
+    assert ok(await c.get(f"/admin/tenants/{tenant_id}"))["status"] == "active"
+
+
+async def test_suspended_tenant_is_refused_and_reactivated(admin):
+    c, tenant = admin.client, admin.tenant
+    models = bearer(tenant.key)
+    assert ok(await c.get("/v1/models", headers=models))
+    ok(await c.patch(f"/admin/tenants/{tenant.tenant_id}", json={"status": "suspended"}))
+    assert_error(await c.get("/v1/models", headers=models), 403, code="tenant_suspended")
+    ok(await c.patch(f"/admin/tenants/{tenant.tenant_id}", json={"status": "active"}))
+    assert ok(await c.get("/v1/models", headers=models))
+
+
+# --- tenant keys --------------------------------------------------------------------------
+
+
+async def test_keys_create_shows_the_key_once(admin):
+    c, tenant_id = admin.client, admin.tenant.tenant_id
+    created = ok(await c.post(f"/admin/tenants/{tenant_id}/keys", json={
+        "name": "ci", "rpm": 30, "allowed_models": ["mock-model"],
+        "allowed_adapters": ["support-bot"]}), 201)
+    assert set(created) == KEY_FIELDS | {"key"}
+    full, secret = created["key"], created["key"].rsplit("-", 1)[1]
+    assert full.startswith(f"sk-sb-{created['id']}-") and len(secret) == 40
+    assert created["tenant_id"] == tenant_id and created["revoked_at"] is None
+    assert (created["rpm"], created["allowed_adapters"]) == (30, ["support-bot"])
+
+    one = await c.get(f"/admin/keys/{created['id']}")
+    assert ok(one) == {k: v for k, v in created.items() if k != "key"}
+    listing = await c.get(f"/admin/tenants/{tenant_id}/keys")
+    assert {k["id"] for k in ok(listing)} == {admin.tenant.key_id, created["id"]}
+    for entry in ok(listing):
+        assert set(entry) == KEY_FIELDS
+    for response in (one, listing):
+        assert secret not in response.text and "secret_hash" not in response.text
+
+    models = ok(await c.get("/v1/models", headers=bearer(full)))
+    assert [m["id"] for m in models["data"]] == ["mock-model"]
+
+
+async def test_keys_revoke(admin):
+    c, tenant_id = admin.client, admin.tenant.tenant_id
+    created = ok(await c.post(f"/admin/tenants/{tenant_id}/keys", json={"name": "temp"}), 201)
+    assert ok(await c.post("/v1/chat/completions", json=CHAT, headers=bearer(created["key"])))
+    revoked = ok(await c.delete(f"/admin/keys/{created['id']}"))
+    assert revoked["revoked_at"] is not None and "key" not in revoked
+    # The replica that revoked it refuses the key at once (other replicas: test_revocation).
+    r = await c.post("/v1/chat/completions", json=CHAT, headers=bearer(created["key"]))
+    assert_error(r, 401, code="invalid_api_key")
+    again = ok(await c.delete(f"/admin/keys/{created['id']}"))
+    assert again["revoked_at"] == revoked["revoked_at"]  # idempotent
+    assert ok(await c.get(f"/admin/keys/{created['id']}"))["revoked_at"] == revoked["revoked_at"]
+    assert ok(await c.get("/v1/models", headers=bearer(admin.tenant.key)))  # others untouched
+
+
+async def test_key_errors(admin):
+    c, tenant_id = admin.client, admin.tenant.tenant_id
+    keys = f"/admin/tenants/{tenant_id}/keys"
+    assert_error(await c.post(f"/admin/tenants/{unknown_id()}/keys", json={}), 404)
+    assert_error(await c.get(f"/admin/tenants/{unknown_id()}/keys"), 404)
+    assert_error(await c.get("/admin/keys/aaaaaaaaaaaa"), 404, code="not_found")
+    assert_error(await c.delete("/admin/keys/aaaaaaaaaaaa"), 404, code="not_found")
+    assert_error(await c.post(keys, json={"expires_at": "2030-01-01T00:00:00"}), 400)  # naive
+    assert_error(await c.post(keys, json={"expires_at": "soon"}), 400, param="expires_at")
+    # Far enough back that converting to UTC leaves the calendar: refused, not a 500.
+    assert_error(await c.post(keys, json={"expires_at": "0001-01-01T00:00:00+05:00"}), 400)
+    assert_error(await c.post(keys, json={"rpm": 0}), 400, param="rpm")
+    assert_error(await c.post(keys, json={"secret_hash": "00"}), 400)
+    assert_error(await c.post(keys, json={"name": "nul\x00"}), 400)
+    assert {k["id"] for k in ok(await c.get(keys))} == {admin.tenant.key_id}
+
+
+# --- admin keys ---------------------------------------------------------------------------
+
+
+async def test_admin_keys_create_list_revoke(admin):
+    c = admin.client
+    ops = ok(await c.post("/admin/admin-keys", json={"name": "ops"}), 201)
+    assert set(ops) == ADMIN_KEY_FIELDS | {"key"}
+    assert ops["key"].startswith(f"sk-sb-admin-{ops['id']}-")
+    ops_auth = bearer(ops["key"])
+
+    listing = await c.get("/admin/admin-keys")
+    assert [k["name"] for k in ok(listing)] == ["test-admin", "ops"]
+    assert all(set(k) == ADMIN_KEY_FIELDS for k in ok(listing))
+    assert ops["key"].rsplit("-", 1)[1] not in listing.text
+    assert ok(await c.get("/admin/plans", headers=ops_auth))
+    # Admin keys are not tenant keys.
+    assert_error(await c.get("/v1/models", headers=ops_auth), 401)
+
+    error = assert_error(await c.delete(f"/admin/admin-keys/{ops['id']}", headers=ops_auth), 400)
+    assert "itself" in error["message"]
+    revoked = ok(await c.delete(f"/admin/admin-keys/{ops['id']}"))
+    assert revoked["revoked_at"] is not None
+    assert_error(await c.get("/admin/plans", headers=ops_auth), 401, code="invalid_api_key")
+    assert_error(await c.delete("/admin/admin-keys/aaaaaaaaaaaa"), 404)
+    assert_error(await c.post("/admin/admin-keys", json={}), 400, param="name")
+    assert ok(await c.get("/admin/plans"))  # the bootstrap key still works
+
+
+# --- deployments --------------------------------------------------------------------------
+
+
+async def test_deployments_list_hides_secrets(admin):
+    response = await admin.client.get("/admin/deployments")
+    [mock] = ok(response)
+    assert mock["name"] == "mock" and mock["model_name"] == "mock-model"
+    assert mock["has_api_key"] is True and "api_key" not in mock
+    assert UPSTREAM_SECRET not in response.text
+
+
+async def test_deployment_added_at_runtime_serves_then_goes(admin, mock_upstream):
+    c, tenant_auth = admin.client, bearer(admin.tenant.key)
+    config = {"name": "extra", "model_name": "extra-model", "provider": "openai",
+              "base_url": admin.upstream_url, "upstream_model": "extra-upstream",
+              "api_key": "sk-extra-secret", "tier": "standard"}
+    added = await c.post("/admin/deployments", json=config)
+    assert ok(added, 201)["has_api_key"] is True and "sk-extra-secret" not in added.text
+    listed = await c.get("/admin/deployments")
+    assert {d["name"] for d in ok(listed)} == {"mock", "extra"}
+    assert "sk-extra-secret" not in listed.text
+
+    body = {**CHAT, "model": "extra-model"}
+    assert ok(await c.post("/v1/chat/completions", json=body, headers=tenant_auth))
+    seen = mock_upstream.last_request()
+    assert seen["headers"]["authorization"] == "Bearer sk-extra-secret"
+    assert seen["body"]["model"] == "extra-upstream"
+    models = ok(await c.get("/v1/models", headers=tenant_auth))
+    assert [m["id"] for m in models["data"]] == ["extra-model", "mock-model"]
+
+    assert ok(await c.delete("/admin/deployments/extra"))["name"] == "extra"
+    r = await c.post("/v1/chat/completions", json=body, headers=tenant_auth)
+    assert_error(r, 404, code="model_not_found", param="model")
+    assert_error(await c.delete("/admin/deployments/extra"), 404)
+    models = ok(await c.get("/v1/models", headers=tenant_auth))
+    assert [m["id"] for m in models["data"]] == ["mock-model"]
+
+
+@pytest.mark.parametrize(("change", "status"), [
+    ({"name": "mock"}, 409),  # the name is taken
+    ({"provider": "embedded"}, 400),
+    ({"base_url": None}, 400),
+    ({"base_url": "not a url"}, 400),
+    ({"base_url": "file:///etc/passwd"}, 400),
+    ({"secret": "x"}, 400),  # unknown field
+    ({"context_window": 0}, 400),
+], ids=["duplicate", "embedded", "no-url", "bad-url", "file-url", "unknown-field", "window-0"])
+async def test_deployment_errors(admin, change, status):
+    config = {"name": "extra", "model_name": "extra-model", "provider": "openai",
+              "base_url": admin.upstream_url, **change}
+    assert_error(await admin.client.post("/admin/deployments", json=config), status)
+    assert [d["name"] for d in ok(await admin.client.get("/admin/deployments"))] == ["mock"]
+
+
+# --- usage --------------------------------------------------------------------------------
+
+
+async def usage_when(client: httpx.AsyncClient, url: str, requests: int, *,
+                     timeout_s: float = 10.0, **params: str) -> dict[str, Any]:
+    """The usage report once it counts `requests` requests (the meter flushes in batches)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = ok(await client.get(url, params=params))
+        if sum(m["requests"] for m in report["models"]) >= requests:
+            return report
+        if time.monotonic() > deadline:
+            return report
+        await asyncio.sleep(0.05)
+
+
+async def test_usage_for_a_tenant(admin):
+    c, tenant = admin.client, admin.tenant
+    usages = []
+    for body in (CHAT, CHAT, {"model": "mock-model", "prompt": "Once upon", "max_tokens": 3}):
+        path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+        usages.append(ok(await c.post(path, json=body, headers=bearer(tenant.key)))["usage"])
+
+    report = await usage_when(c, f"/admin/usage/{tenant.tenant_id}", 3)
+    assert report["tenant_id"] == tenant.tenant_id
+    [row] = report["models"]
+    prompt = sum(u["prompt_tokens"] for u in usages)
+    completion = sum(u["completion_tokens"] for u in usages)
+    assert (row["model"], row["requests"]) == ("mock-model", 3)
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (prompt, completion)
+    # mock prices: $1 per 1M input tokens, $2 per 1M output tokens = 1 and 2 micro-USD each.
+    assert row["cost_micros"] == prompt + 2 * completion
+
+    future = (datetime.now(UTC) + timedelta(days=1)).isoformat()
+    assert ok(await c.get(f"/admin/usage/{tenant.tenant_id}", params={"since": future}))[
+        "models"] == []
+    assert_error(await c.get(f"/admin/usage/{unknown_id()}"), 404)
+    assert_error(await c.get(f"/admin/usage/{tenant.tenant_id}", params={"since": "x"}), 400,
+                 param="since")
+    extreme = {"until": "9999-12-31T23:59:59-23:59"}  # past year 9999 once in UTC
+    assert_error(await c.get(f"/admin/usage/{tenant.tenant_id}", params=extreme), 400)
+
+
+# --- auth and generic errors --------------------------------------------------------------
+
+
+async def test_admin_api_needs_an_admin_key(admin):
+    c = admin.client
+    assert_error(await c.get("/admin/plans", headers={"authorization": ""}), 401)
+    assert_error(await c.get("/admin/plans", headers=bearer("sk-sb-admin-nope")), 401)
+    forged = f"sk-sb-admin-{'a' * 12}-{'0' * 40}"
+    assert_error(await c.get("/admin/plans", headers=bearer(forged)), 401, code="invalid_api_key")
+    assert_error(await c.get("/admin/plans", headers=bearer(admin.tenant.key)), 403)
+
+
+async def test_generic_errors_are_in_openai_shape(admin):
+    c = admin.client
+    assert_error(await c.put("/admin/plans", json={}), 405)
+    assert_error(await c.get("/admin/nothing-here"), 404)
+    r = await c.post("/admin/plans", content=b"{", headers={"content-type": "application/json"})
+    assert_error(r, 400)
+    r = await c.post("/admin/plans", content=b"\xff\xfe", headers={
+        "content-type": "application/json"})
+    assert_error(r, 400)
+
+
+async def test_malformed_json_names_no_bogus_param(admin):
+    r = await admin.client.post("/admin/plans", content=b"{", headers={
+        "content-type": "application/json"})
+    assert assert_error(r, 400)["param"] is None
+
+
+async def test_admin_auth_comes_before_body_parsing(admin):
+    r = await admin.client.post("/admin/plans", content=b"{", headers={
+        "content-type": "application/json", "authorization": ""})
+    assert_error(r, 401)

@@ -1,0 +1,347 @@
+"""Two tenants on different plans, through every endpoint a tenant key can reach.
+
+Neither can list, use or learn anything about the other's keys, models, adapters or usage:
+every response a tenant gets is searched for the other tenant's identifiers (ids, names, key
+ids, secrets, adapter names), beyond what the caller itself sent. Both database backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.app import create_app
+from tests.gateway.support import (
+    admin_key,
+    bearer,
+    gateway_client,
+    in_process,
+    mock_deployment,
+    seed_tenant,
+    settings,
+    write_deployments,
+)
+
+MOCK, PREMIUM = "mock-model", "premium-model"
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+PROMPT = {"prompt": "Once upon", "max_tokens": 3}
+KEY_FIELDS = {"id", "tenant_id", "name", "created_at", "expires_at", "revoked_at", "rpm", "tpm",
+              "max_concurrent", "allowed_models", "allowed_adapters"}
+# Every route a tenant key can reach; test_every_tenant_route_is_covered keeps this honest.
+TENANT_ROUTES = {
+    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model}"), ("GET", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
+    ("GET", "/v1/usage"),
+}
+PUBLIC_ROUTES = {("GET", "/health")}
+
+
+@dataclass
+class Caller:
+    """One key of one tenant; every response it gets is checked for the other's identifiers."""
+
+    client: httpx.AsyncClient
+    key: str
+    hidden: set[str] = field(default_factory=set)
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        response = await self.client.request(method, url, headers=bearer(self.key), **kwargs)
+        sent = url + json.dumps(kwargs.get("json")) + json.dumps(kwargs.get("params"))
+        seen = response.text + json.dumps(list(response.headers.items()))
+        leaked = sorted(s for s in self.hidden if s in seen and s not in sent)
+        assert not leaked, f"{method} {url} revealed {leaked}: {response.text[:300]}"
+        return response
+
+    async def chat(self, model: str, **extra: Any) -> httpx.Response:
+        return await self.request("POST", "/v1/chat/completions",
+                                  json={"model": model, **CHAT, **extra})
+
+    async def complete(self, model: str) -> httpx.Response:
+        return await self.request("POST", "/v1/completions", json={"model": model, **PROMPT})
+
+    async def models(self) -> list[str]:
+        return [m["id"] for m in ok(await self.request("GET", "/v1/models"))["data"]]
+
+    async def keys(self) -> list[dict[str, Any]]:
+        return ok(await self.request("GET", "/v1/keys"))
+
+    async def usage(self, **params: str) -> dict[str, Any]:
+        return ok(await self.request("GET", "/v1/usage", params=params))
+
+
+@dataclass
+class Tenant:
+    tenant_id: str
+    plan_id: str
+    callers: dict[str, Caller]  # by key name
+    key_ids: dict[str, str]  # by key name
+    identifiers: set[str]  # everything that names this tenant or its keys
+
+
+@dataclass
+class World:
+    app: FastAPI
+    client: httpx.AsyncClient
+    admin: dict[str, str]
+    a: Tenant  # plan allows only mock-model
+    b: Tenant  # plan allows every model; one key scoped to premium-model
+
+
+async def add_tenant(db_url, tmp_path, client, admin, *, name: str, plan: dict[str, Any],
+                     keys: dict[str, dict[str, Any]]) -> Tenant:
+    """A tenant with a seeded first key, then the other keys made through the admin API."""
+    first, *rest = keys
+    seeded = await seed_tenant(db_url, tmp_path, name=name, plan=plan,
+                               key={"name": first, **keys[first]})
+    full = {first: seeded.key}
+    ids = {first: seeded.key_id}
+    for key_name in rest:
+        r = await client.post(f"/admin/tenants/{seeded.tenant_id}/keys", headers=admin,
+                              json={"name": key_name, **keys[key_name]})
+        created = ok(r, 201)
+        full[key_name], ids[key_name] = created["key"], created["id"]
+    identifiers = {seeded.tenant_id, seeded.plan_id, name, f"{name}-plan", *ids.values(),
+                   *full.values(), *(k.rsplit("-", 1)[1] for k in full.values()),
+                   *(a for spec in keys.values() for a in spec.get("allowed_adapters", ())),
+                   *(k for k in keys if k)}
+    callers = {key_name: Caller(client, key) for key_name, key in full.items()}
+    return Tenant(seeded.tenant_id, seeded.plan_id, callers, ids, identifiers)
+
+
+@pytest.fixture
+async def world(db_url, tmp_path, mock_upstream) -> AsyncIterator[World]:
+    deployments = [mock_deployment(mock_upstream.base_url),
+                   mock_deployment(mock_upstream.base_url, name="premium", model_name=PREMIUM,
+                                   tier="premium")]
+    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(tmp_path, deployments))
+    admin = bearer(await admin_key(db_url, tmp_path))
+    app = create_app(cfg)
+    async with in_process(app) as client:
+        a = await add_tenant(db_url, tmp_path, client, admin, name="initech",
+                             plan={"allowed_models": [MOCK], "rpm": 1000},
+                             keys={"initech-main": {}, "initech-spare": {
+                                 "allowed_adapters": ["initech-adapter"]}})
+        b = await add_tenant(db_url, tmp_path, client, admin, name="umbrella",
+                             plan={"rpm": 2000, "tpm": 1_000_000},
+                             keys={"umbrella-main": {"allowed_adapters": ["umbrella-adapter"]},
+                                   "umbrella-premium": {"allowed_models": [PREMIUM]}})
+        for caller in a.callers.values():
+            caller.hidden = b.identifiers
+        for caller in b.callers.values():
+            caller.hidden = a.identifiers
+        yield World(app, client, admin, a, b)
+
+
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, *, code: str | None = None
+                 ) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    if code is not None:
+        assert error["code"] == code, error
+    assert response.headers["x-request-id"]
+    return error
+
+
+# --- models -------------------------------------------------------------------------------
+
+
+async def test_models_list_only_what_each_key_may_use(world):
+    a, b = world.a.callers, world.b.callers
+    assert await a["initech-main"].models() == [MOCK]
+    assert await a["initech-spare"].models() == [MOCK]
+    assert await b["umbrella-main"].models() == [MOCK, PREMIUM]
+    assert await b["umbrella-premium"].models() == [PREMIUM]
+
+    assert ok(await b["umbrella-main"].request("GET", f"/v1/models/{PREMIUM}"))["id"] == PREMIUM
+    hidden = await a["initech-main"].request("GET", f"/v1/models/{PREMIUM}")
+    missing = await a["initech-main"].request("GET", "/v1/models/no-such-model")
+    # A model the key may not use looks exactly like one that does not exist.
+    assert assert_error(hidden, 404, code="model_not_found")["message"] == assert_error(
+        missing, 404)["message"].replace("no-such-model", PREMIUM)
+    r = await b["umbrella-premium"].request("GET", f"/v1/models/{MOCK}")
+    assert_error(r, 404, code="model_not_found")
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_completions_refuse_models_outside_plan_or_key(world, endpoint):
+    def send(caller: Caller, model: str):
+        return caller.chat(model) if endpoint == "chat" else caller.complete(model)
+
+    a, b = world.a.callers, world.b.callers
+    assert_error(await send(a["initech-main"], PREMIUM), 403, code="model_not_allowed")
+    assert_error(await send(a["initech-spare"], PREMIUM), 403, code="model_not_allowed")
+    assert_error(await send(b["umbrella-premium"], MOCK), 403, code="model_not_allowed")
+    ok(await send(a["initech-main"], MOCK))
+    ok(await send(b["umbrella-main"], PREMIUM))
+    ok(await send(b["umbrella-premium"], PREMIUM))
+
+
+async def test_streaming_is_refused_the_same_way(world):
+    r = await world.a.callers["initech-main"].chat(PREMIUM, stream=True)
+    assert_error(r, 403, code="model_not_allowed")
+    assert r.headers["content-type"].startswith("application/json")
+
+
+# --- keys ---------------------------------------------------------------------------------
+
+
+async def test_keys_list_only_own_keys_without_secrets(world):
+    for tenant in (world.a, world.b):
+        for caller in tenant.callers.values():
+            response = await caller.request("GET", "/v1/keys")
+            listed = ok(response)
+            assert {k["id"] for k in listed} == set(tenant.key_ids.values())
+            assert all(set(k) == KEY_FIELDS for k in listed)  # no key, no secret_hash
+            assert {k["tenant_id"] for k in listed} == {tenant.tenant_id}
+            for own in tenant.callers.values():
+                assert own.key.rsplit("-", 1)[1] not in response.text
+
+
+async def test_cannot_revoke_another_tenants_key(world):
+    a, b = world.a.callers, world.b.callers
+    target = world.b.key_ids["umbrella-main"]
+    foreign = await a["initech-main"].request("DELETE", f"/v1/keys/{target}")
+    missing = await a["initech-main"].request("DELETE", "/v1/keys/zzzzzzzzzzzz")
+    # Someone else's key is indistinguishable from no key at all.
+    assert assert_error(foreign, 404)["message"] == assert_error(missing, 404)["message"].replace(
+        "zzzzzzzzzzzz", target)
+    ok(await b["umbrella-main"].chat(MOCK))
+    assert all(k["revoked_at"] is None for k in await b["umbrella-main"].keys())
+
+    # The endpoint does work on the caller's own keys.
+    spare = world.a.key_ids["initech-spare"]
+    assert ok(await a["initech-main"].request("DELETE", f"/v1/keys/{spare}"))["revoked_at"]
+    assert_error(await a["initech-spare"].chat(MOCK), 401, code="invalid_api_key")
+    ok(await a["initech-main"].chat(MOCK))
+
+
+# --- usage --------------------------------------------------------------------------------
+
+
+async def usage_by_model(caller: Caller, expected: dict[str, int], *, timeout_s: float = 10.0,
+                         **params: str) -> dict[str, Any]:
+    """The caller's usage report once its request counts reach `expected` (bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        report = await caller.usage(**params)
+        counts = {m["model"]: m["requests"] for m in report["models"]}
+        if counts == expected or time.monotonic() > deadline:
+            return report
+        await asyncio.sleep(0.05)
+
+
+async def test_usage_shows_only_own_numbers(world):
+    a, b = world.a.callers, world.b.callers
+    sent: dict[str, list[dict[str, int]]] = {"a": [], "b": []}
+    for who, response in [
+        ("a", await a["initech-main"].chat(MOCK)), ("a", await a["initech-spare"].chat(MOCK)),
+        ("a", await a["initech-main"].complete(MOCK)),
+        ("b", await b["umbrella-main"].chat(MOCK)), ("b", await b["umbrella-main"].chat(PREMIUM)),
+        ("b", await b["umbrella-main"].chat(PREMIUM)),
+        ("b", await b["umbrella-premium"].complete(PREMIUM)),
+    ]:
+        sent[who].append(ok(response)["usage"])
+    assert_error(await a["initech-main"].chat(PREMIUM), 403)  # refused: never metered
+
+    report_a = await usage_by_model(a["initech-main"], {MOCK: 3})
+    report_b = await usage_by_model(b["umbrella-premium"], {MOCK: 1, PREMIUM: 3})
+    assert report_a["tenant_id"] == world.a.tenant_id
+    assert report_b["tenant_id"] == world.b.tenant_id
+    assert {m["model"]: m["requests"] for m in report_a["models"]} == {MOCK: 3}
+    assert {m["model"]: m["requests"] for m in report_b["models"]} == {MOCK: 1, PREMIUM: 3}
+    for report, usages in ((report_a, sent["a"]), (report_b, sent["b"])):
+        assert sum(m["prompt_tokens"] for m in report["models"]) == sum(
+            u["prompt_tokens"] for u in usages)
+        assert sum(m["completion_tokens"] for m in report["models"]) == sum(
+            u["completion_tokens"] for u in usages)
+
+    # Query parameters cannot point the report at someone else.
+    again = await a["initech-main"].usage(tenant_id=world.b.tenant_id,
+                                          key_id=world.b.key_ids["umbrella-main"])
+    assert again == report_a
+
+
+@pytest.mark.parametrize(("method", "url"), [
+    ("DELETE", "/v1/keys/a%00b"),  # NUL: PostgreSQL refuses it in a query
+    ("DELETE", "/v1/keys/" + "x" * 300),
+    ("GET", "/v1/usage?since=yesterday"),
+    ("GET", "/v1/usage?until=9999-12-31T23:59:59-23:59"),  # past year 9999 in UTC
+    ("GET", "/v1/usage?since=0001-01-01T00:00:00%2B05:00"),  # before year 1 in UTC
+])
+async def test_tenant_endpoints_refuse_malformed_input(world, method, url):
+    assert_error(await world.a.callers["initech-main"].request(method, url), 400)
+
+
+# --- admin API ----------------------------------------------------------------------------
+
+
+def api_routes(app: FastAPI) -> set[tuple[str, str]]:
+    """(METHOD, path template) of every route the app documents."""
+    return {(method.upper(), path) for path, operations in app.openapi()["paths"].items()
+            for method in operations}
+
+
+def fill(path: str, tenant: Tenant) -> str:
+    return path.format(tenant_id=tenant.tenant_id, plan_id=tenant.plan_id,
+                       key_id=next(iter(tenant.key_ids.values())), name="premium")
+
+
+async def test_admin_api_refuses_tenant_keys(world):
+    routes = sorted(r for r in api_routes(world.app) if r[1].startswith("/admin/"))
+    assert len(routes) >= 15, routes
+    a_key = world.a.callers["initech-main"]
+    for method, template in routes:
+        path = fill(template, world.b)
+        body = {"json": {"status": "suspended"}} if method in ("POST", "PATCH") else {}
+        r = await a_key.request(method, path, **body)
+        assert_error(r, 403, code="permission_denied")
+        r = await world.client.request(method, path, **body)
+        assert_error(r, 401, code="invalid_api_key")
+        r = await world.client.request(method, path, headers=bearer("sk-sb-bogus"), **body)
+        assert_error(r, 401, code="invalid_api_key")
+    # Nothing above changed anything: B is active, its key works, the deployments remain.
+    ok(await world.b.callers["umbrella-main"].chat(PREMIUM))
+    tenant = ok(await world.client.get(f"/admin/tenants/{world.b.tenant_id}",
+                                       headers=world.admin))
+    assert tenant["status"] == "active"
+    assert len(ok(await world.client.get("/admin/deployments", headers=world.admin))) == 2
+
+
+async def test_every_tenant_route_is_covered(world):
+    """A new tenant-facing route must be added to TENANT_ROUTES and to the tests above."""
+    routes = {r for r in api_routes(world.app) if not r[1].startswith("/admin/")}
+    assert routes == TENANT_ROUTES | PUBLIC_ROUTES
+
+
+# --- metering ------------------------------------------------------------------------------
+
+
+async def test_one_tenants_request_id_cannot_stop_anothers_metering(
+        db_url, tmp_path, mock_upstream):
+    a = await seed_tenant(db_url, tmp_path, name="initech")
+    b = await seed_tenant(db_url, tmp_path, name="umbrella")
+    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(
+        tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    async with gateway_client(cfg) as client:
+        long_id = "r" * 100  # too long to store: replaced by one of the gateway's own
+        r = await client.post("/v1/chat/completions", json={"model": MOCK, **CHAT},
+                              headers={**bearer(a.key), "x-request-id": long_id})
+        assert ok(r) and len(r.headers["x-request-id"]) == 32
+        ok(await client.post("/v1/chat/completions", json={"model": MOCK, **CHAT},
+                             headers=bearer(b.key)))
+        report = await usage_by_model(Caller(client, b.key), {MOCK: 1}, timeout_s=5.0)
+        assert {m["model"]: m["requests"] for m in report["models"]} == {MOCK: 1}
