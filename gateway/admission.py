@@ -25,7 +25,7 @@ def admission_request(
     )
     budget = None
     if plan.budget_micros is not None:
-        budget = _budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
+        budget = tenant_budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
     return AdmissionRequest(
         request_id=request_id, scopes=scopes, tokens=tokens,
         cost_micros=config.cost_micros(call.prompt_tokens, call.max_output_tokens),
@@ -33,11 +33,18 @@ def admission_request(
     )
 
 
-def _budget(tenant_id: str, cap_micros: int, period: str, now: datetime | None) -> Budget:
+def tenant_budget(tenant_id: str, cap_micros: int, period: str,
+                  now: datetime | None = None) -> Budget:
+    """The budget counter of a tenant's current period (UTC calendar day or month)."""
     now = now or datetime.now(UTC)
     if period == "day":
         return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m-%d"), 2 * 86400)
     return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m"), 33 * 86400)
+
+
+def period_start(period: str, now: datetime) -> datetime:
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start if period == "day" else start.replace(day=1)
 
 
 def ratelimit_headers(decision: Decision) -> dict[str, str]:

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from billing.meter import UsageMeter
 from gateway.auth import AuthWatcher, KeyCache
+from gateway.budgets import seed_budgets
 from gateway.deployments import DeploymentConfig, DeploymentRegistry, load_deployments_file
 from gateway.deployments.base import Deployment
 from gateway.deployments.http import HttpDeployment
@@ -70,6 +71,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s),
     )
     await state.http.open()
+    await seed_budgets(sessionmaker, state.limiter)
     for config in _configured(settings, engine):
         deployment = state.build_deployment(config, engine)
         await deployment.start()

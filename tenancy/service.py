@@ -524,3 +524,23 @@ async def spent_micros(session: AsyncSession, *, tenant_id: str, since: datetime
         )
     )
     return int(total or 0)
+
+
+async def spent_by_tenant(session: AsyncSession, *, since: datetime) -> dict[str, int]:
+    """Every tenant's recorded spend since `since`, in one grouped query (startup seeding)."""
+    rows = await session.execute(
+        select(UsageRecord.tenant_id, func.coalesce(func.sum(UsageRecord.cost_micros), 0))
+        .where(UsageRecord.created_at >= since)
+        .group_by(UsageRecord.tenant_id)
+    )
+    return {tenant_id: int(total) for tenant_id, total in rows}
+
+
+async def budgeted_tenants(session: AsyncSession) -> list[tuple[str, int, str]]:
+    """(tenant id, budget micro-USD, budget period) of every tenant whose plan has a budget."""
+    rows = await session.execute(
+        select(Tenant.id, Plan.budget_micros, Plan.budget_period)
+        .join(Plan, Tenant.plan_id == Plan.id)
+        .where(Plan.budget_micros.is_not(None))
+    )
+    return [(tenant_id, int(cap), period) for tenant_id, cap, period in rows]

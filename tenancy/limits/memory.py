@@ -150,6 +150,12 @@ class InProcessLimiter:
             if counter is not None:
                 counter.micros = max(counter.micros + cost_micros - reservation.cost_micros, 0)
 
+    async def seed_budget(self, budget: Budget, spent_micros: int) -> None:
+        now = self._clock()
+        if self._live_counter(budget, now) is None:
+            self._budgets[(budget.scope, budget.period)] = _Counter(
+                max(spent_micros, 0), now + budget.period_ttl_s)
+
     async def spent_micros(self, budget: Budget) -> int:
         return self._spent(budget, self._clock())
 

@@ -105,6 +105,16 @@ class RedisLimiter:
         except _BACKEND_ERRORS as error:
             self._outage.failed("settle", error)  # the lease frees the slot later
 
+    async def seed_budget(self, budget: Budget, spent_micros: int) -> None:
+        """SET NX: a live counter (other replicas already counting) is left alone."""
+        key = self._keys.budget(budget.scope, budget.period)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._connect()[0].set(key, max(spent_micros, 0), nx=True,
+                                             ex=budget.period_ttl_s)
+        except _BACKEND_ERRORS as error:
+            self._outage.failed("seed_budget", error)
+
     async def spent_micros(self, budget: Budget) -> int:
         """Reserved plus spent in the period; 0 when Redis cannot be asked (logged)."""
         try:

@@ -69,6 +69,13 @@ class Limiter(Protocol):
         """Reserved plus spent micro-USD in the budget's current period."""
         ...
 
+    async def seed_budget(self, budget: Budget, spent_micros: int) -> None:
+        """Start a period's counter from recorded spend, unless a live counter exists.
+
+        Called at startup, so a restarted gateway (or a flushed Redis) does not hand tenants
+        a fresh budget."""
+        ...
+
     async def close(self) -> None:
         """Release connections; the limiter is not used afterwards."""
         ...

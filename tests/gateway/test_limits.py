@@ -133,3 +133,26 @@ async def test_redis_unreachable(sqlite_url, tmp_path, mock_upstream, fail_open,
             assert r.json()["error"]["code"] == "limiter_unavailable"
         health = await gw.get("/health")
         assert health.status_code == 200  # the gateway stays up either way
+
+
+async def test_budget_survives_a_restart(sqlite_url, tmp_path, mock_upstream, limiter_url):
+    t = await seed_tenant(sqlite_url, tmp_path, name="restart", plan={"budget_micros": 100})
+    async with await make_client(sqlite_url, tmp_path, mock_upstream,
+                                 redis_url=limiter_url) as gw:
+        for _ in range(20):
+            r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
+            if r.status_code == 429:
+                break
+            await asyncio.sleep(0.02)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+    if limiter_url:  # as if Redis had lost its data too: only the database remembers
+        import redis.asyncio as redis
+
+        client = redis.from_url(limiter_url)
+        async for key in client.scan_iter(match=f"sb:rl*bud:*tenant:{t.tenant_id}"):
+            await client.delete(key)
+        await client.aclose()
+    async with await make_client(sqlite_url, tmp_path, mock_upstream,
+                                 redis_url=limiter_url) as gw:
+        r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
