@@ -78,6 +78,7 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         *,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs as tokens arrive; leaving early aborts the request."""
         engine = self._require_engine()
@@ -85,7 +86,8 @@ class AsyncLLMEngine:
             raise EngineDeadError("engine step loop has failed") from self._dead
         request_id = request_id or f"req-{next(self._ids)}"
         engine.check_capacity(len(self._ops))
-        prepared = engine.prepare_request(prompt, sampling_params or SamplingParams())
+        prepared = engine.prepare_request(prompt, sampling_params or SamplingParams(),
+                                          cache_salt=cache_salt)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")

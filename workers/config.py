@@ -19,6 +19,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None
     max_waiting: int = 4096
+    enable_prefix_caching: bool = True
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

@@ -33,6 +33,7 @@ class PreparedRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -50,6 +51,7 @@ class _Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     metrics: RequestMetrics
+    cache_salt: str | None = None
     samples: list[_Sample] = field(default_factory=list)
 
     @property
@@ -68,7 +70,8 @@ class LLMEngine:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
-        self.block_manager = BlockManager(num_blocks, args.block_size)
+        self.block_manager = BlockManager(num_blocks, args.block_size,
+                                          enable_caching=args.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
@@ -122,11 +125,14 @@ class LLMEngine:
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-        *, priority: int = 0, arrival_time: float | None = None,
+        *, priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None,
     ) -> None:
-        """Queue a request. Lower `priority` values are served first; FCFS within one."""
+        """Queue a request. Lower `priority` values are served first; FCFS within one.
+
+        `cache_salt` names the prefix-cache namespace: requests only reuse KV computed under
+        the same salt (the gateway passes the tenant)."""
         self.check_capacity(0)
-        prepared = self.prepare_request(prompt, params or SamplingParams())
+        prepared = self.prepare_request(prompt, params or SamplingParams(), cache_salt=cache_salt)
         self.enqueue(request_id, prepared, priority=priority, arrival_time=arrival_time)
 
     def check_capacity(self, in_flight: int) -> None:
@@ -135,7 +141,9 @@ class LLMEngine:
         if waiting >= self.scheduler.config.max_waiting:
             raise EngineOverloadedError(f"engine overloaded: {waiting} requests already waiting")
 
-    def prepare_request(self, prompt: str | list[int], params: SamplingParams) -> PreparedRequest:
+    def prepare_request(
+        self, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None
+    ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
         if params.n > self.scheduler.config.max_num_seqs:
             raise InvalidRequestError(
@@ -145,7 +153,7 @@ class LLMEngine:
         max_tokens = self._check_length(len(token_ids), params)
         if params.max_tokens != max_tokens:
             params = dataclasses.replace(params, max_tokens=max_tokens)
-        return PreparedRequest(text, token_ids, params)
+        return PreparedRequest(text, token_ids, params, cache_salt)
 
     def enqueue(
         self, request_id: str, prepared: PreparedRequest, *, priority: int = 0,
@@ -157,7 +165,8 @@ class LLMEngine:
         metrics = RequestMetrics(
             arrival_time=arrival_time or time.monotonic(), num_prompt_tokens=len(token_ids)
         )
-        request = _Request(request_id, prepared.prompt, token_ids, params, metrics)
+        request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
+                           prepared.cache_salt)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
@@ -190,6 +199,8 @@ class LLMEngine:
             "num_running": len(self.scheduler.running),
             "kv_cache_usage": self.block_manager.usage,
             "num_preemptions": self.scheduler.num_preemptions,
+            "prefix_cache_hit_rate": self.block_manager.num_hit_tokens
+            / max(self.block_manager.num_queried_tokens, 1),
         }
 
     # ---- the step -------------------------------------------------------------------------
@@ -287,6 +298,7 @@ class LLMEngine:
             arrival_order=arrival,
             priority=priority,
             sample_index=index,
+            cache_salt=request.cache_salt,
         )
         detokenizer = IncrementalDetokenizer(
             self.tokenizer,
@@ -354,6 +366,7 @@ class LLMEngine:
             outputs=outputs,
             finished=request.finished or request.request_id not in self._requests,
             metrics=request.metrics,
+            num_cached_tokens=request.samples[0].seq.num_cached_tokens or 0,
         )
 
 

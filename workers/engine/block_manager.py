@@ -1,24 +1,38 @@
-"""Fixed pool of KV blocks: free list, ref counts, copy-on-write for shared tails.
+"""Fixed pool of KV blocks: free list, ref counts, copy-on-write, and automatic prefix caching.
 
-Pure Python. Sharing (n > 1 forks today, prefix caching next) is expressed with ref counts:
-a block is back on the free list only when its count reaches zero.
+Pure Python. Sharing (n > 1 forks, and prompt prefixes across requests) is expressed with ref
+counts: a block is reusable only when its count reaches zero.
+
+Prefix caching: a full block is named by a chain hash of (parent hash, its token ids, cache
+salt). Once computed it is registered under that hash. A freed block keeps its name while it
+waits on the free list, oldest-freed first out (LRU), so a later request with the same prefix
+and salt takes it back instead of recomputing. A hit is verified against the stored tokens and
+salt, so a hash collision can never serve wrong KV, and a different salt (tenant) never hits.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from workers.engine.sequence import Sequence
 
+BlockKey = tuple[int | None, tuple[int, ...], str | None]
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = False) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_caching = enable_caching
         self.ref_counts = [0] * num_blocks
-        self.free_block_ids: deque[int] = deque(range(num_blocks))
+        # Insertion-ordered: blocks are taken from the front, freed blocks go to the back.
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # chain hash -> block id
+        self.block_keys: dict[int, tuple[int, BlockKey]] = {}  # block id -> (hash, key)
+        self.num_hit_tokens = 0
+        self.num_queried_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -26,7 +40,7 @@ class BlockManager:
 
     @property
     def usage(self) -> float:
-        """Fraction of the pool held by sequences."""
+        """Fraction of the pool held by sequences (cached but unused blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
@@ -40,6 +54,8 @@ class BlockManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Grow the block table; return (src, dst) KV copies the runner must do first."""
+        if self.enable_caching:
+            self._register_computed(seq)
         copies = []
         if self._tail_needs_copy(seq):
             index = seq.num_computed_tokens // self.block_size
@@ -53,21 +69,68 @@ class BlockManager:
             seq.block_table.append(self._take())
         return copies
 
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a new sequence the cached blocks of its longest cached prefix; tokens reused.
+
+        At least the last prompt token is left to compute, so there is a position to sample
+        from and no write ever lands in a shared block.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_caching:
+            return 0
+        self._extend_hashes(seq, (seq.num_tokens - 1) // self.block_size)
+        self.num_queried_tokens += seq.num_tokens
+        for i, block_hash in enumerate(seq.block_hashes[: (seq.num_tokens - 1) // self.block_size]):
+            block_id = self.cached.get(block_hash)
+            if block_id is None or self.block_keys[block_id][1] != self._key(seq, i):
+                break
+            if self.ref_counts[block_id] == 0:
+                del self.free_block_ids[block_id]
+            self.ref_counts[block_id] += 1
+            seq.block_table.append(block_id)
+        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        self.num_hit_tokens += seq.num_computed_tokens
+        return seq.num_computed_tokens
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share every block of the parent with the child."""
         for block_id in parent.block_table:
             self.ref_counts[block_id] += 1
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
+        child.block_hashes = list(parent.block_hashes)
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks no one holds go back to the pool."""
+        if self.enable_caching:
+            self._register_computed(seq)
         for block_id in reversed(seq.block_table):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
-                self.free_block_ids.append(block_id)
+                self.free_block_ids[block_id] = None
         seq.block_table = []
         seq.num_computed_tokens = 0
+
+    def _register_computed(self, seq: Sequence) -> None:
+        """Name every full block whose tokens are computed, so later requests can reuse it."""
+        num_full = seq.num_computed_tokens // self.block_size
+        self._extend_hashes(seq, num_full)
+        for i in range(num_full):
+            block_id = seq.block_table[i]
+            block_hash = seq.block_hashes[i]
+            if block_id in self.block_keys or block_hash in self.cached:
+                continue  # already named, or an identical block is cached already
+            self.cached[block_hash] = block_id
+            self.block_keys[block_id] = (block_hash, self._key(seq, i))
+
+    def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:
+        while len(seq.block_hashes) < num_blocks:
+            seq.block_hashes.append(hash(self._key(seq, len(seq.block_hashes))))
+
+    def _key(self, seq: Sequence, index: int) -> BlockKey:
+        parent = seq.block_hashes[index - 1] if index > 0 else None
+        start = index * self.block_size
+        return parent, tuple(seq.token_ids[start : start + self.block_size]), seq.cache_salt
 
     def _tail_needs_copy(self, seq: Sequence) -> bool:
         """The next write lands in a partly filled block that others also read."""
@@ -79,7 +142,10 @@ class BlockManager:
         )
 
     def _take(self) -> int:
-        block_id = self.free_block_ids.popleft()
+        block_id, _ = self.free_block_ids.popitem(last=False)
         assert self.ref_counts[block_id] == 0
+        named = self.block_keys.pop(block_id, None)
+        if named is not None:  # evict: the least recently freed cached block is reused
+            del self.cached[named[0]]
         self.ref_counts[block_id] = 1
         return block_id

@@ -103,8 +103,13 @@ class Scheduler:
             width = seq.sampling_params.n if seq.pending_forks else 1
             if len(self.running) + width > self.config.max_num_seqs:
                 break
+            if not seq.block_table:  # new, or preempted: reuse what the prefix cache holds
+                cached = self.block_manager.match_prefix(seq)
+                if seq.num_cached_tokens is None:
+                    seq.num_cached_tokens = cached
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self._admit_room(seq, num_new, out):
+                self.block_manager.free(seq)  # hand the matched blocks back (still cached)
                 break
             self.waiting.pop()
             seq.status = SequenceStatus.RUNNING

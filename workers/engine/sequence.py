@@ -79,6 +79,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     pending_forks: int = 0
+    cache_salt: str | None = None  # prefix-cache namespace: the tenant, unless shared on purpose
+    block_hashes: list[int] = field(default_factory=list)  # of full blocks, in order
+    num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
 
     @property
     def num_tokens(self) -> int:
