@@ -41,7 +41,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_body(raw, chat=chat)
     deployment = resolve(gw, key, body.model)
-    call = deployment.prepare(body, chat=chat)
+    call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   config=deployment.config)

@@ -48,6 +48,7 @@ class PreparedCall:
     prompt_token_ids: list[int]
     params: SamplingParams
     usage: Usage = field(default_factory=Usage)
+    cache_salt: str | None = None  # prefix-cache namespace (the gateway passes the tenant)
 
     @property
     def max_output_tokens(self) -> int:
@@ -66,19 +67,23 @@ class EmbeddedClient:
     def context_window(self) -> int:
         return self.engine._require_engine().max_model_len
 
-    def prepare(self, body: dict[str, Any], *, chat: bool) -> PreparedCall:
+    def prepare(
+        self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None
+    ) -> PreparedCall:
         """Tokenize and validate; fixes max_tokens to what will really be generated at most."""
         params = sampling_params(body, chat=chat)
         prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer)
         prepared = self.engine._require_engine().prepare_request(prompt, params)
-        call = PreparedCall(chat, prepared.prompt_token_ids, prepared.params)
+        call = PreparedCall(chat, prepared.prompt_token_ids, prepared.params,
+                            cache_salt=cache_salt)
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
     async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
         """Run to the end; cancelling the awaiting task aborts the engine request."""
         final: RequestOutput | None = None
-        async for final in self.engine.generate(call.prompt_token_ids, call.params, request_id):
+        async for final in self.engine.generate(call.prompt_token_ids, call.params, request_id,
+                                                cache_salt=call.cache_salt):
             _count(call.usage, final)
         assert final is not None
         call.usage.finished = True
@@ -88,7 +93,8 @@ class EmbeddedClient:
         self, call: PreparedCall, *, request_id: str, include_usage: bool
     ) -> AsyncIterator[bytes]:
         """SSE bytes. The first output is awaited here, so engine errors surface before bytes."""
-        outputs = self.engine.generate(call.prompt_token_ids, call.params, request_id)
+        outputs = self.engine.generate(call.prompt_token_ids, call.params, request_id,
+                                       cache_salt=call.cache_salt)
         try:
             first = await anext(outputs)
         except BaseException:
@@ -196,6 +202,7 @@ class EmbeddedClient:
 
 def _count(usage: Usage, out: RequestOutput) -> None:
     usage.prompt_tokens = len(out.prompt_token_ids)
+    usage.cached_tokens = out.num_cached_tokens
     usage.completion_tokens = sum(len(c.token_ids) for c in out.outputs)
 
 

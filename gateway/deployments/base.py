@@ -59,8 +59,10 @@ class Deployment(ABC):
         return {}
 
     @abstractmethod
-    def prepare(self, request: OpenAIRequest, *, chat: bool) -> Call:
-        """Validate and count tokens; raise APIError(400) for what this deployment refuses."""
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
+        """Validate and count tokens; raise APIError(400) for what this deployment refuses.
+
+        `tenant_id` scopes anything shared between requests (the engine's prefix cache)."""
 
     @abstractmethod
     async def complete(self, call: Call, *, request_id: str) -> bytes:

@@ -31,10 +31,10 @@ class EmbeddedDeployment(Deployment):
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
-    def prepare(self, request: OpenAIRequest, *, chat: bool) -> Call:
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
         body = request.upstream_body()
         try:
-            prepared = self.client.prepare(body, chat=chat)
+            prepared = self.client.prepare(body, chat=chat, cache_salt=tenant_id)
         except InvalidRequestError as exc:
             param = "prompt" if exc.param == "messages" and not chat else exc.param
             raise bad_request(str(exc), param=param, code=exc.code) from None

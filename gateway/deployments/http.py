@@ -35,7 +35,7 @@ class HttpDeployment(Deployment):
             self._headers["authorization"] = f"Bearer {secret}"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
 
-    def prepare(self, request: OpenAIRequest, *, chat: bool) -> Call:
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
         count = len(request.messages) if chat else 1  # type: ignore[union-attr]
         prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
         window = self.config.context_window
