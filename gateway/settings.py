@@ -33,6 +33,7 @@ class Settings(BaseSettings):
     embedded_input_price_per_1m: Decimal = Decimal("0.05")
     embedded_output_price_per_1m: Decimal = Decimal("0.10")
     embedded_tier: str = "economy"
+    embedded_shared_prefix_cache: bool = False  # share prefix-cache KV across tenants
 
     # Request handling.
     max_body_bytes: int = 4 << 20

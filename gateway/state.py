@@ -103,6 +103,7 @@ def _configured(settings: Settings, engine: AsyncLLMEngine | None) -> list[Deplo
             upstream_model=settings.embedded_model, tier=settings.embedded_tier,
             input_price_per_1m=settings.embedded_input_price_per_1m,
             output_price_per_1m=settings.embedded_output_price_per_1m,
+            shared_prefix_cache=settings.embedded_shared_prefix_cache,
         ))
     if settings.deployments_file is not None:
         configs.extend(load_deployments_file(settings.deployments_file))

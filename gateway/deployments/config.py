@@ -27,6 +27,9 @@ class DeploymentConfig(BaseModel):
     output_price_per_1m: Decimal = Decimal(0)
     context_window: Annotated[int, Field(ge=1)] = 8192
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    # Prefix-cache KV is private to each tenant unless an admin shares it on purpose (say, a
+    # deployment whose public system prompt every tenant sends).
+    shared_prefix_cache: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentConfig:

@@ -34,7 +34,8 @@ class EmbeddedDeployment(Deployment):
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
         body = request.upstream_body()
         try:
-            prepared = self.client.prepare(body, chat=chat, cache_salt=tenant_id)
+            salt = None if self.config.shared_prefix_cache else tenant_id
+            prepared = self.client.prepare(body, chat=chat, cache_salt=salt)
         except InvalidRequestError as exc:
             param = "prompt" if exc.param == "messages" and not chat else exc.param
             raise bad_request(str(exc), param=param, code=exc.code) from None

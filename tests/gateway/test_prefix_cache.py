@@ -38,3 +38,17 @@ async def test_cached_tokens_are_reported_per_tenant(sqlite_url, tmp_path, tiny_
     assert first["choices"][0]["message"] == other["choices"][0]["message"]
     assert '"prompt_tokens_details":{"cached_tokens":' in stream.text
     assert '"cached_tokens":0}' not in stream.text  # b's second request hits b's own cache
+
+
+async def test_shared_prefix_cache_is_an_explicit_setting(sqlite_url, tmp_path, tiny_llama_path):
+    a = await seed_tenant(sqlite_url, tmp_path, name="a")
+    b = await seed_tenant(sqlite_url, tmp_path, name="b")
+    engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
+    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny",
+                   embedded_shared_prefix_cache=True)
+    body = {"model": "tiny", "max_tokens": 2, "messages": [
+        {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]}
+    async with gateway_client(cfg, engine=engine) as client:
+        await client.post("/v1/chat/completions", headers=bearer(a.key), json=body)
+        r = await client.post("/v1/chat/completions", headers=bearer(b.key), json=body)
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 96
