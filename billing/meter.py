@@ -28,6 +28,8 @@ class UsageMeter:
         self._pending: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._stopping = False
+        self._flushing = asyncio.Lock()  # two flushes at once would write a batch twice
 
     def record(self, **fields: Any) -> None:
         """Never blocks and never raises: metering must not fail a request."""
@@ -42,16 +44,22 @@ class UsageMeter:
         self._task = asyncio.create_task(self._run(), name="usage-meter")
 
     async def stop(self) -> None:
+        """Let a write in progress finish (cancelling it could leave the database locked),
+        then write the rest."""
+        self._stopping = True
+        self._wake.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
             self._task = None
         await self.flush()
 
     async def flush(self) -> int:
         """Write everything pending. Connection trouble raises (retry later); a record the
         database refuses is logged and skipped, so one bad record never blocks the rest."""
+        async with self._flushing:
+            return await self._flush_pending()
+
+    async def _flush_pending(self) -> int:
         written = 0
         while self._pending:
             batch = self._pending[:MAX_BATCH]
@@ -81,10 +89,12 @@ class UsageMeter:
         return batch
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self._interval)
             self._wake.clear()
+            if self._stopping:
+                return
             try:
                 await self.flush()
             except (SQLAlchemyError, OSError) as exc:

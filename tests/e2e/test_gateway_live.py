@@ -112,7 +112,9 @@ def test_chat_completions_and_streaming(live):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content  # greedy: the same answer either way
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
-    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 0
+    # The same prompt again: its full blocks come from the prefix cache the first call filled.
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 16
 
     done = oa.completions.create(model="smollm2-135m-instruct", prompt="1, 2, 3,",
                                  max_tokens=6, temperature=0)
