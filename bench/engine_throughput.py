@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
+from bench.machine import cpu_model  # noqa: E402
 from bench.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
 
 SYSTEMS = ("engine", "hf_static", "hf_batch")
@@ -600,16 +601,9 @@ def child_main(args: argparse.Namespace) -> int:
 
 def machine_info(device: str) -> dict[str, Any]:
     """What the numbers were measured on (GPU name is filled in from a child)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)),
-            "device": device, "python": platform.python_version(), "hostname": platform.node()}
+    return {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)), "device": device,
+            "python": platform.python_version(), "hostname": platform.node()}
 
 
 def child_argv(

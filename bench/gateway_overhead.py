@@ -63,11 +63,11 @@ from bench import litellm_peer  # noqa: E402
 from bench.gateway_procs import (  # noqa: E402
     Pinning,
     ServerProcess,
-    cpu_model,
     free_port,
     http_request,
     post_json,
 )
+from bench.machine import cpu_model  # noqa: E402
 
 MODEL = "mock-model"
 UPSTREAM_KEY = litellm_peer.UPSTREAM_KEY

@@ -21,13 +21,18 @@ import os
 import platform
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
+    sys.path.insert(0, str(ROOT))
 
-from workers import LLMEngine, SamplingParams
+from bench.machine import cpu_model  # noqa: E402
+from workers import LLMEngine, SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -109,7 +114,7 @@ def main() -> None:
     record = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "processor": _cpu_model()},
+                    "processor": cpu_model()},
         "command": "bench/prefix_cache.py " + " ".join(
             f"--{k} {v}" for k, v in vars(args).items() if v is not None),
         "results": results,
@@ -128,16 +133,6 @@ def main() -> None:
               f"{r['cached_prompt_tokens']:>10}/{r['prompt_tokens']:<11}")
     print(f"TTFT p50 speed-up with a shared prefix: {speedup:.1f}x (target >= 5x)")
     print(f"throughput cost at a 0% hit rate: {100 * cost:.1f}% (target <= 3%)")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Generic, TypeVar
+from collections.abc import Awaitable
+from typing import Generic, Protocol, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -26,6 +27,11 @@ from tenancy.keys import parse_key, verify_secret
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T", KeyContext, AdminContext)
+T_co = TypeVar("T_co", KeyContext, AdminContext, covariant=True)
+
+
+class _Loader(Protocol[T_co]):
+    def __call__(self, session: AsyncSession, *, key_id: str) -> Awaitable[T_co | None]: ...
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -99,7 +105,7 @@ class KeyCache:
             raise unauthorized("Incorrect API key provided.")
         return ctx
 
-    async def _lookup(self, cache: _Cache[T], key_id: str, load: object) -> T | None:
+    async def _lookup(self, cache: _Cache[T], key_id: str, load: _Loader[T]) -> T | None:
         if key_id in cache.found:
             return cache.found[key_id]
         if key_id in cache.missing:
@@ -112,7 +118,7 @@ class KeyCache:
         version = self.version
         try:
             async with self._sessionmaker() as session:
-                ctx = await load(session, key_id=key_id)  # type: ignore[operator]
+                ctx = await load(session, key_id=key_id)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters re-raise it, nobody logs it twice

@@ -34,8 +34,9 @@ async def get_tenant_key(request: Request, state: StateDep) -> KeyContext:
 TenantDep = Annotated[KeyContext, Depends(get_tenant_key)]
 
 
-async def get_admin(request: Request, state: StateDep) -> AdminContext:
-    return await state.keys.admin(request.headers.get("authorization"))
+def get_admin(request: Request) -> AdminContext:
+    """Authenticated by `AdminGuard` before the route (and its body) was reached."""
+    return request.state.admin
 
 
 AdminDep = Annotated[AdminContext, Depends(get_admin)]

@@ -60,8 +60,8 @@ class GatewayMiddleware:
 class AdminGuard:
     """Checks the admin key on /admin paths before the route reads or parses any body.
 
-    The admin router checks it again (a cache hit); this one makes an unauthenticated caller
-    get 401/403 rather than a 400 about a body it had no right to send.
+    An unauthenticated caller gets 401/403, not a 400 about a body it had no right to send.
+    The admin's context is left in the request state for the routes (`AdminDep`).
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -75,8 +75,9 @@ class AdminGuard:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
             try:
-                await scope["app"].state.gateway.keys.admin(authorization)
+                admin = await scope["app"].state.gateway.keys.admin(authorization)
             except APIError as exc:
                 await exc.response()(scope, receive, send)
                 return
+            scope.setdefault("state", {})["admin"] = admin
         await self.app(scope, receive, send)

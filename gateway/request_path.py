@@ -11,7 +11,6 @@ The reservation is settled exactly once per admitted request, whatever happens a
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -51,27 +50,20 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, deployment, call, admission, scope_state["request_id"])
     try:
-        if body.stream:
-            try:  # waiting for the first token (a long queue) also ends if the client leaves
-                chunks = await until_done_or_disconnect(
-                    deployment.open_stream(call, request_id=engine_id), request.receive
-                )
-            finally:
-                scope_state["upstream_s"] = call.upstream_s
-            if chunks is None:
-                ticket.close("aborted")
-                return Response(status_code=499)
-            return StreamingResponse(ticket.relay(chunks), media_type="text/event-stream",
-                                     headers={**SSE_HEADERS, **headers})
+        # Until the answer (or, streaming, its first token) is there, a client that leaves
+        # cancels the upstream call.
+        work = (deployment.open_stream if body.stream else deployment.complete)(
+            call, request_id=engine_id)
         try:
-            result = await until_done_or_disconnect(
-                deployment.complete(call, request_id=engine_id), request.receive
-            )
+            result = await until_done_or_disconnect(work, request.receive)
         finally:
             scope_state["upstream_s"] = call.upstream_s
         if result is None:
             ticket.close("aborted")
             return Response(status_code=499)
+        if body.stream:
+            return StreamingResponse(ticket.relay(result), media_type="text/event-stream",
+                                     headers={**SSE_HEADERS, **headers})
         ticket.close("ok")
         return Response(result, media_type="application/json", headers=headers)
     except UpstreamFailure as exc:
@@ -174,9 +166,6 @@ class Ticket:
     admission: AdmissionRequest
     request_id: str
     closed: bool = False
-
-    def __post_init__(self) -> None:
-        self.started = time.time()
 
     async def relay(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         status = "aborted"

@@ -73,21 +73,27 @@ class AsyncLLMEngine:
 
     async def generate(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | PreparedRequest,
         sampling_params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yield cumulative outputs as tokens arrive; leaving early aborts the request."""
+        """Yield cumulative outputs as tokens arrive; leaving early aborts the request.
+
+        A `PreparedRequest` (from `engine.prepare_request`) is queued as it is: callers that
+        validated already do not pay for tokenizing and checking twice."""
         engine = self._require_engine()
         if self._dead is not None:
             raise EngineDeadError("engine step loop has failed") from self._dead
         request_id = request_id or f"req-{next(self._ids)}"
         engine.check_capacity(len(self._ops))
-        prepared = engine.prepare_request(prompt, sampling_params or SamplingParams(),
-                                          cache_salt=cache_salt)
+        if isinstance(prompt, PreparedRequest):
+            prepared = prompt
+        else:
+            prepared = engine.prepare_request(prompt, sampling_params or SamplingParams(),
+                                              cache_salt=cache_salt)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")

@@ -16,7 +16,8 @@ from typing import Any
 
 from workers.async_engine import AsyncLLMEngine
 from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from workers.engine.sampling_params import InvalidRequestError, SamplingParams
+from workers.engine.sampling_params import InvalidRequestError
+from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
 
 CHAT_ROLES = ("system", "developer", "user", "assistant")
@@ -42,18 +43,17 @@ class Usage:
 
 @dataclass
 class PreparedCall:
-    """A validated request: what the engine will run, and its exact prompt length."""
+    """A validated request: what the engine will run (tokenized once), and its usage so far."""
 
     chat: bool
-    prompt_token_ids: list[int]
-    params: SamplingParams
+    request: PreparedRequest
     usage: Usage = field(default_factory=Usage)
-    cache_salt: str | None = None  # prefix-cache namespace (the gateway passes the tenant)
 
     @property
     def max_output_tokens(self) -> int:
-        assert self.params.max_tokens is not None
-        return self.params.max_tokens * self.params.n
+        params = self.request.params
+        assert params.max_tokens is not None
+        return params.max_tokens * params.n
 
 
 class EmbeddedClient:
@@ -70,20 +70,26 @@ class EmbeddedClient:
     def prepare(
         self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None
     ) -> PreparedCall:
-        """Tokenize and validate; fixes max_tokens to what will really be generated at most."""
+        """Tokenize and validate; fixes max_tokens to what will really be generated at most.
+
+        `cache_salt` is the prefix-cache namespace (the gateway passes the tenant)."""
         params = sampling_params(body, chat=chat)
         prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer)
-        prepared = self.engine._require_engine().prepare_request(prompt, params)
-        call = PreparedCall(chat, prepared.prompt_token_ids, prepared.params,
-                            cache_salt=cache_salt)
+        try:
+            prepared = self.engine._require_engine().prepare_request(
+                prompt, params, cache_salt=cache_salt)
+        except InvalidRequestError as exc:
+            if chat and exc.param == "prompt":
+                exc.param = "messages"
+            raise
+        call = PreparedCall(chat, prepared)
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
     async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
         """Run to the end; cancelling the awaiting task aborts the engine request."""
         final: RequestOutput | None = None
-        async for final in self.engine.generate(call.prompt_token_ids, call.params, request_id,
-                                                cache_salt=call.cache_salt):
+        async for final in self.engine.generate(call.request, request_id=request_id):
             _count(call.usage, final)
         assert final is not None
         call.usage.finished = True
@@ -93,8 +99,7 @@ class EmbeddedClient:
         self, call: PreparedCall, *, request_id: str, include_usage: bool
     ) -> AsyncIterator[bytes]:
         """SSE bytes. The first output is awaited here, so engine errors surface before bytes."""
-        outputs = self.engine.generate(call.prompt_token_ids, call.params, request_id,
-                                       cache_salt=call.cache_salt)
+        outputs = self.engine.generate(call.request, request_id=request_id)
         try:
             first = await anext(outputs)
         except BaseException:

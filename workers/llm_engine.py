@@ -334,7 +334,7 @@ class LLMEngine:
         if prompt_len >= limit:
             raise InvalidRequestError(
                 f"this model's maximum context length is {limit} tokens; "
-                f"the prompt has {prompt_len}", param="messages", code="context_length_exceeded"
+                f"the prompt has {prompt_len}", param="prompt", code="context_length_exceeded"
             )
         if params.max_tokens is None:
             return limit - prompt_len

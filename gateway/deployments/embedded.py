@@ -37,8 +37,7 @@ class EmbeddedDeployment(Deployment):
             salt = None if self.config.shared_prefix_cache else tenant_id
             prepared = self.client.prepare(body, chat=chat, cache_salt=salt)
         except InvalidRequestError as exc:
-            param = "prompt" if exc.param == "messages" and not chat else exc.param
-            raise bad_request(str(exc), param=param, code=exc.code) from None
+            raise bad_request(str(exc), param=exc.param, code=exc.code) from None
         return Call(request, chat, prompt_tokens=prepared.usage.prompt_tokens,
                     max_output_tokens=prepared.max_output_tokens, usage=prepared.usage,
                     native=prepared)

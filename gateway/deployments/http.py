@@ -53,7 +53,7 @@ class HttpDeployment(Deployment):
         body = self._body(call, stream=False)
         started = time.perf_counter()
         try:
-            async with self._post(body, request_id) as resp:
+            async with self._post(body, call.chat, request_id) as resp:
                 await _check(resp)
                 raw = await resp.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
@@ -71,7 +71,7 @@ class HttpDeployment(Deployment):
     async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
         body = self._body(call, stream=True)
         started = time.perf_counter()
-        ctx = self._post(body, request_id)
+        ctx = self._post(body, call.chat, request_id)
         try:
             resp = await ctx.__aenter__()
             try:
@@ -128,15 +128,11 @@ class HttpDeployment(Deployment):
             body.pop("stream_options", None)
         return json.dumps(body, separators=(",", ":")).encode()
 
-    def _post(self, body: bytes, request_id: str) -> Any:
+    def _post(self, body: bytes, chat: bool, request_id: str) -> Any:
         headers = {**self._headers, "x-request-id": request_id}
         return self._pool.session.post(
-            self._urls[self._is_chat(body)], data=body, headers=headers, timeout=self._timeout
+            self._urls[chat], data=body, headers=headers, timeout=self._timeout
         )
-
-    @staticmethod
-    def _is_chat(body: bytes) -> bool:
-        return b'"messages":' in body
 
 
 async def _check(resp: aiohttp.ClientResponse) -> None:

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.support import REPO, free_port
+from tests.gateway.support import REPO, free_port, wait_http
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +47,7 @@ def live(tmp_path_factory, smollm2_path) -> Iterator[Live]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO),
            "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/gw.db",
            "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
+           "SWITCHBOARD_LOG_LEVEL": "warning",  # stdout is a pipe read only up to the key
            "SWITCHBOARD_EMBEDDED_KV_CACHE_MEMORY": str(128 << 20)}
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -54,15 +55,7 @@ def live(tmp_path_factory, smollm2_path) -> Iterator[Live]:
     try:
         admin_key = _read_admin_key(proc)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise TimeoutError("gateway did not start")
+        wait_http(f"{base}/health", timeout_s=180, proc=proc)
         yield Live(base, admin_key, tmp / "gw.db")
     finally:
         proc.terminate()

@@ -1,10 +1,9 @@
-"""`switchboard serve` as a live process on loopback, called with the official openai client."""
+"""`switchboard worker` as a live process on loopback, called with the official openai client."""
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,9 @@ import httpx
 import openai
 import pytest
 
+from tests.gateway.support import REPO, free_port, wait_http
+
 MODEL = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -28,24 +23,16 @@ def server(smollm2_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "worker", "--port", str(port),
          "--kv-cache-memory", str(256 << 20)],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-        assert proc.poll() is None, proc.stdout.read()
-    else:
-        proc.kill()
-        pytest.fail("server did not become healthy")
-    yield base
-    proc.terminate()
-    proc.wait(timeout=30)
+    try:
+        wait_http(f"{base}/health", timeout_s=120, proc=proc)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.fixture
