@@ -516,16 +516,6 @@ async def usage_summary(
     ]
 
 
-async def spent_micros(session: AsyncSession, *, tenant_id: str, since: datetime) -> int:
-    """A tenant's recorded spend since `since`, in micro-USD (what budgets start from)."""
-    total = await session.scalar(
-        select(func.coalesce(func.sum(UsageRecord.cost_micros), 0)).where(
-            UsageRecord.tenant_id == tenant_id, UsageRecord.created_at >= since
-        )
-    )
-    return int(total or 0)
-
-
 async def spent_by_tenant(session: AsyncSession, *, since: datetime) -> dict[str, int]:
     """Every tenant's recorded spend since `since`, in one grouped query (startup seeding)."""
     rows = await session.execute(
