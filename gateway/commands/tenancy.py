@@ -11,7 +11,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.schemas.admin import AdminKeyOut, KeyOut, PlanOut, TenantOut
 from gateway.settings import Settings
 from tenancy import service
 from tenancy.db import make_engine, make_sessionmaker
@@ -76,63 +77,24 @@ def _positive_days(value: str) -> float:
 # --- JSON views (never include secret hashes) ---------------------------------------------
 
 
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
-
-
 def plan_json(plan: Plan) -> dict[str, Any]:
-    """A plan as printed by the CLI."""
-    return {
-        "id": plan.id,
-        "name": plan.name,
-        "rpm": plan.rpm,
-        "tpm": plan.tpm,
-        "max_concurrent": plan.max_concurrent,
-        "budget_micros": plan.budget_micros,
-        "budget_usd": None if plan.budget_micros is None else plan.budget_micros / MICROS_PER_USD,
-        "budget_period": plan.budget_period,
-        "allowed_models": plan.allowed_models,
-        "allowed_tiers": plan.allowed_tiers,
-        "created_at": _iso(plan.created_at),
-    }
+    """A plan as printed by the CLI: the admin API's view, plus the budget in USD."""
+    data = PlanOut.model_validate(plan).model_dump(mode="json")
+    data["budget_usd"] = None if plan.budget_micros is None else plan.budget_micros / MICROS_PER_USD
+    return data
 
 
 def tenant_json(tenant: Tenant) -> dict[str, Any]:
-    """A tenant as printed by the CLI."""
-    return {
-        "id": tenant.id,
-        "name": tenant.name,
-        "plan_id": tenant.plan_id,
-        "status": tenant.status,
-        "created_at": _iso(tenant.created_at),
-    }
+    return TenantOut.model_validate(tenant).model_dump(mode="json")
 
 
 def api_key_json(key: ApiKey) -> dict[str, Any]:
-    """A tenant key's metadata as printed by the CLI (no secret, no hash)."""
-    return {
-        "id": key.id,
-        "tenant_id": key.tenant_id,
-        "name": key.name,
-        "created_at": _iso(key.created_at),
-        "expires_at": _iso(key.expires_at),
-        "revoked_at": _iso(key.revoked_at),
-        "rpm": key.rpm,
-        "tpm": key.tpm,
-        "max_concurrent": key.max_concurrent,
-        "allowed_models": key.allowed_models,
-        "allowed_adapters": key.allowed_adapters,
-    }
+    """A tenant key's metadata (no secret, no hash), as the admin API shows it."""
+    return KeyOut.model_validate(key).model_dump(mode="json")
 
 
 def admin_key_json(key: AdminKey) -> dict[str, Any]:
-    """An admin key's metadata as printed by the CLI (no secret, no hash)."""
-    return {
-        "id": key.id,
-        "name": key.name,
-        "created_at": _iso(key.created_at),
-        "revoked_at": _iso(key.revoked_at),
-    }
+    return AdminKeyOut.model_validate(key).model_dump(mode="json")
 
 
 # --- plumbing -----------------------------------------------------------------------------
