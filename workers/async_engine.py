@@ -2,7 +2,8 @@
 
 Steps run in a worker thread so the event loop stays free for HTTP. Requests are validated
 on the caller's side (errors surface at once) and handed to the step thread through a queue
-of operations applied between steps; nothing else crosses threads.
+of operations applied between steps; nothing else crosses threads. Adapter files are read in
+the default executor, never on the step thread, so a hot load does not stall running requests.
 """
 
 from __future__ import annotations
@@ -13,19 +14,31 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from workers.engine.outputs import RequestOutput
-from workers.engine.sampling_params import SamplingParams
+from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.llm_engine import LLMEngine, PreparedRequest
+from workers.lora.manager import AdapterBusyError, AdapterStatus
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
     """The step loop failed; every open stream gets this error."""
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A queued request the engine would not take; the caller's stream raises `error`."""
+
+    request_id: str
+    error: Exception
 
 
 class AsyncLLMEngine:
@@ -40,6 +53,9 @@ class AsyncLLMEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = itertools.count()
         self._dead: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reading: set[str] = set()  # adapters being read back for parked requests
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> AsyncLLMEngine:
@@ -54,6 +70,8 @@ class AsyncLLMEngine:
             self.engine = await asyncio.get_running_loop().run_in_executor(
                 self._executor, lambda: LLMEngine.from_args(**self._engine_args)
             )
+        self.engine.read_adapters_in_step = False
+        self._loop = asyncio.get_running_loop()
         self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
 
     async def shutdown(self) -> None:
@@ -79,6 +97,7 @@ class AsyncLLMEngine:
         *,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs as tokens arrive; leaving early aborts the request.
 
@@ -93,7 +112,7 @@ class AsyncLLMEngine:
             prepared = prompt
         else:
             prepared = engine.prepare_request(prompt, sampling_params or SamplingParams(),
-                                              cache_salt=cache_salt)
+                                              cache_salt=cache_salt, lora=lora)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -118,6 +137,39 @@ class AsyncLLMEngine:
         self._streams.pop(request_id, None)
         self._push(("abort", request_id))
 
+    # ---- adapters -------------------------------------------------------------------------
+
+    async def add_lora(self, name: str, path: str, *, pinned: bool = False) -> None:
+        """Read and validate the adapter off the step loop, then register it between steps.
+
+        Idempotent: the same name and path again is a no-op (and reloads it if evicted)."""
+        engine = self._require_engine()
+        adapter = await asyncio.get_running_loop().run_in_executor(
+            None, engine.runner.read_adapter, name, path)
+        await self._call(lambda e: e.add_lora(name, path, adapter=adapter, pinned=pinned))
+
+    async def remove_lora(self, name: str, *, wait_s: float = 0.0) -> None:
+        """Unload. New requests for it are refused at once; in-flight ones get up to `wait_s`
+        to finish, after which the adapter stays and AdapterBusyError says why."""
+        deadline = time.monotonic() + wait_s
+        while not await self._call(lambda e: e.remove_lora(name, drain=wait_s > 0)):
+            if time.monotonic() >= deadline:
+                await self._call(lambda e: e.cancel_unload(name))
+                raise AdapterBusyError(f"adapter {name!r} still has requests in flight after "
+                                       f"{wait_s:g}s; it stays loaded")
+            await asyncio.sleep(0.02)
+
+    async def list_loras(self) -> list[AdapterStatus]:
+        return await self._call(lambda e: e.list_loras())
+
+    async def _call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run `fn(engine)` on the step thread between steps (engine state is not shared)."""
+        if self._dead is not None:
+            raise EngineDeadError("engine step loop has failed") from self._dead
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._push(("call", (fn, future)))
+        return await future
+
     def _push(self, op: tuple[str, Any]) -> None:
         with self._ops_lock:
             self._ops.append(op)
@@ -128,7 +180,7 @@ class AsyncLLMEngine:
         engine = self._require_engine()
         try:
             while True:
-                if not self._ops and not engine.has_unfinished_requests():
+                if not self._ops and not engine.has_schedulable_work():
                     await self._wakeup.wait()
                     self._wakeup.clear()
                     continue
@@ -136,7 +188,7 @@ class AsyncLLMEngine:
                 for output in outputs:
                     queue = self._streams.get(output.request_id)
                     if queue is not None:
-                        queue.put_nowait(output)
+                        queue.put_nowait(output.error if isinstance(output, _Refused) else output)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the step failed: fail every stream, loudly
@@ -144,22 +196,71 @@ class AsyncLLMEngine:
             self._dead = exc
             for queue in self._streams.values():
                 queue.put_nowait(EngineDeadError(f"engine failed: {exc!r}"))
+            for kind, payload in self._ops:
+                if kind == "call" and not payload[1].done():
+                    payload[1].set_exception(EngineDeadError(f"engine failed: {exc!r}"))
             raise
 
-    def _step(self) -> list[RequestOutput]:
+    def _step(self) -> list[RequestOutput | _Refused]:
         """In the step thread: apply queued adds and aborts, then one engine step."""
         engine = self._require_engine()
         with self._ops_lock:
             ops, self._ops = list(self._ops), collections.deque()
+        refused: list[RequestOutput | _Refused] = []
         for kind, payload in ops:
             if kind == "add":
                 request_id, prepared, priority = payload
-                self._add(engine, request_id, prepared, priority)
+                try:
+                    self._add(engine, request_id, prepared, priority)
+                except InvalidRequestError as exc:  # e.g. its adapter was just unloaded
+                    refused.append(_Refused(request_id, exc))
+            elif kind == "call":
+                self._apply_call(*payload)
             else:
                 engine.abort_request(payload)
-        if not engine.has_unfinished_requests():
-            return []
-        return engine.step()
+        self._start_adapter_reads(engine)
+        if not engine.has_schedulable_work():
+            return refused
+        return refused + engine.step()
+
+    def _apply_call(self, fn: Callable[[LLMEngine], Any], future: asyncio.Future[Any]) -> None:
+        assert self._loop is not None
+        try:
+            result = fn(self._require_engine())
+        except Exception as exc:  # handed to the awaiting caller, not swallowed
+            self._loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            self._loop.call_soon_threadsafe(_settle, future, result, None)
+
+    def _start_adapter_reads(self, engine: LLMEngine) -> None:
+        assert self._loop is not None
+        for name, path in engine.pending_lora_reads():
+            if name not in self._reading:
+                self._reading.add(name)
+                self._loop.call_soon_threadsafe(self._read_back, name, path)
+
+    def _read_back(self, name: str, path: str) -> None:
+        """On the event loop: read an evicted adapter for its parked requests."""
+        async def read() -> None:
+            engine = self._require_engine()
+            try:
+                adapter = await asyncio.get_running_loop().run_in_executor(
+                    None, engine.runner.read_adapter, name, path)
+            except (OSError, ValueError) as exc:
+                logger.error("adapter %s could not be read back from %s: %s", name, path, exc)
+                failed = await self._call(lambda e: e.fail_lora(name))
+                for request_id in failed:
+                    queue = self._streams.get(request_id)
+                    if queue is not None:
+                        queue.put_nowait(exc)
+            else:
+                await self._call(lambda e: e.put_lora(name, adapter))
+            finally:
+                self._reading.discard(name)
+
+        task = asyncio.create_task(read(), name=f"read-adapter-{name}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _add(
         self, engine: LLMEngine, request_id: str, prepared: PreparedRequest, priority: int
@@ -172,3 +273,12 @@ class AsyncLLMEngine:
         if self.engine is None:
             raise RuntimeError("AsyncLLMEngine.start() has not been awaited")
         return self.engine
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():  # the caller gave up waiting
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

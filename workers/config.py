@@ -20,6 +20,10 @@ class EngineArgs:
     max_model_len: int | None = None
     max_waiting: int = 4096
     enable_prefix_caching: bool = True
+    enable_lora: bool = False
+    max_loras: int = 4  # adapters resident on the device at once
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

@@ -25,18 +25,24 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
         priority: Sequence[int] | None = None,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs keep the input order."""
+        """Run every prompt to completion; outputs keep the input order.
+
+        `lora` names a registered adapter for all prompts, or one (or None) per prompt."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = sampling_params or SamplingParams()
         params_list = [params] * len(prompts) if isinstance(params, SamplingParams) else params
         if len(params_list) != len(prompts):
             raise ValueError("need one SamplingParams per prompt")
+        loras = [lora] * len(prompts) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(prompts):
+            raise ValueError("need one adapter (or None) per prompt")
         # Validate everything first: a bad prompt must not leave the others queued.
         prepared = [
-            self.engine.prepare_request(prompt, p)
-            for prompt, p in zip(prompts, params_list, strict=True)
+            self.engine.prepare_request(prompt, p, lora=name)
+            for prompt, p, name in zip(prompts, params_list, loras, strict=True)
         ]
         ids = []
         for i, request in enumerate(prepared):
@@ -50,6 +56,13 @@ class LLM:
                 if output.finished:
                     finished[output.request_id] = output
         return [finished[request_id] for request_id in ids]
+
+    def add_lora(self, name: str, path: str, *, pinned: bool = False) -> None:
+        """Register a peft adapter under `name` (needs enable_lora=True)."""
+        self.engine.add_lora(name, str(path), pinned=pinned)
+
+    def remove_lora(self, name: str) -> None:
+        self.engine.remove_lora(name)
 
     def chat(
         self,

@@ -1,7 +1,7 @@
 """The synchronous engine: add requests, then `step()` = schedule, run, update.
 
-It owns the request bookkeeping (n > 1 forks, stop conditions, detokenizing, metrics); the
-scheduler decides what runs and the runner runs it.
+It owns the request bookkeeping (n > 1 forks, stop conditions, detokenizing, metrics) and
+the adapters (`LoRAManager`); the scheduler decides what runs and the runner runs it.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from workers.engine.sequence import FinishReason, RequestMetrics, Sequence
+from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class PreparedRequest:
     prompt_token_ids: list[int]
     params: SamplingParams
     cache_salt: str | None = None
+    lora: str | None = None  # a registered adapter's name; None is the base model
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _Request:
     params: SamplingParams
     metrics: RequestMetrics
     cache_salt: str | None = None
+    lora_id: int | None = None
     samples: list[_Sample] = field(default_factory=list)
 
     @property
@@ -72,14 +75,22 @@ class LLMEngine:
         self.vocab_size = vocab_size
         self.block_manager = BlockManager(num_blocks, args.block_size,
                                           enable_caching=args.enable_prefix_caching)
+        self.loras: LoRAManager | None = None
+        if args.enable_lora:
+            self.loras = LoRAManager(max_loras=args.max_loras,
+                                     max_cpu_loras=args.max_cpu_loras or 4 * args.max_loras)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_waiting=args.max_waiting,
+                max_loras=args.max_loras if args.enable_lora else 0,
             ),
             self.block_manager,
+            self.loras.pinned_ids if self.loras else None,
         )
+        # False when a caller reads parked adapters off the step loop (the async engine)
+        self.read_adapters_in_step = True
         self._requests: dict[str, _Request] = {}
         self._seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
@@ -108,6 +119,8 @@ class LLMEngine:
                 kv_cache_memory=args.kv_cache_memory,
                 kv_cache_fraction=args.kv_cache_fraction,
                 max_model_len=args.max_model_len,
+                max_loras=args.max_loras if args.enable_lora else 0,
+                max_lora_rank=args.max_lora_rank,
             ),
             hf_config,
             eos,
@@ -126,13 +139,15 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
         *, priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> None:
         """Queue a request. Lower `priority` values are served first; FCFS within one.
 
         `cache_salt` names the prefix-cache namespace: requests only reuse KV computed under
-        the same salt (the gateway passes the tenant)."""
+        the same salt (the gateway passes the tenant). `lora` names a registered adapter."""
         self.check_capacity(0)
-        prepared = self.prepare_request(prompt, params or SamplingParams(), cache_salt=cache_salt)
+        prepared = self.prepare_request(prompt, params or SamplingParams(),
+                                        cache_salt=cache_salt, lora=lora)
         self.enqueue(request_id, prepared, priority=priority, arrival_time=arrival_time)
 
     def check_capacity(self, in_flight: int) -> None:
@@ -142,9 +157,13 @@ class LLMEngine:
             raise EngineOverloadedError(f"engine overloaded: {waiting} requests already waiting")
 
     def prepare_request(
-        self, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None
+        self, prompt: str | list[int], params: SamplingParams, *, cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
+        if lora is not None and self.loras is None:
+            raise InvalidRequestError("this engine does not serve LoRA adapters (enable_lora)",
+                                      param="model")
         if params.n > self.scheduler.config.max_num_seqs:
             raise InvalidRequestError(
                 f"n={params.n} exceeds max_num_seqs={self.scheduler.config.max_num_seqs}"
@@ -153,7 +172,7 @@ class LLMEngine:
         max_tokens = self._check_length(len(token_ids), params)
         if params.max_tokens != max_tokens:
             params = dataclasses.replace(params, max_tokens=max_tokens)
-        return PreparedRequest(text, token_ids, params, cache_salt)
+        return PreparedRequest(text, token_ids, params, cache_salt, lora)
 
     def enqueue(
         self, request_id: str, prepared: PreparedRequest, *, priority: int = 0,
@@ -165,11 +184,21 @@ class LLMEngine:
         metrics = RequestMetrics(
             arrival_time=arrival_time or time.monotonic(), num_prompt_tokens=len(token_ids)
         )
+        entry = None
+        if prepared.lora is not None:
+            if self.loras is None:
+                raise InvalidRequestError("this engine does not serve LoRA adapters")
+            entry = self.loras.get(prepared.lora)
         request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
-                           prepared.cache_salt)
+                           prepared.cache_salt, entry.lora_id if entry else None)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
+        if entry is not None and self.loras is not None:
+            self.loras.acquire(entry)
+            if entry.adapter is None:  # evicted to disk: wait for the read, off the queue
+                entry.parked.append(seq)
+                return
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -182,8 +211,87 @@ class LLMEngine:
                 sample.seq.finish_reason = FinishReason.ABORT
                 self.scheduler.finish(sample.seq)
             self._seqs.pop(sample.seq.seq_id, None)
+        self._release_lora(request)
         request.metrics.finished_time = time.monotonic()
         return self._output(request)
+
+    # ---- adapters -------------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str, *, adapter: Any = None, pinned: bool = False) -> None:
+        """Register an adapter (idempotent). Pass `adapter` when it was read off this thread."""
+        loras = self._require_loras()
+        if adapter is None:
+            adapter = self.runner.read_adapter(name, path)
+        loras.add(name, path, adapter, pinned=pinned)
+        self.put_lora(name, adapter)
+
+    def remove_lora(self, name: str, *, drain: bool = False) -> bool:
+        """Forget an adapter; True once gone. While requests use it: refuse (AdapterBusyError)
+        or, with `drain`, refuse new requests for it and return False (ask again later)."""
+        loras = self._require_loras()
+        entry = loras.entries.get(name)
+        if entry is not None and entry.num_requests and drain:
+            entry.draining = True
+            return False
+        loras.remove(name)
+        return True
+
+    def cancel_unload(self, name: str) -> None:
+        entry = self._require_loras().entries.get(name)
+        if entry is not None:
+            entry.draining = False
+
+    def list_loras(self) -> list[AdapterStatus]:
+        return self._require_loras().status() if self.loras else []
+
+    def pending_lora_reads(self) -> list[tuple[str, str]]:
+        """Adapters that parked requests wait for: read them (off the step loop), then
+        `put_lora` or `fail_lora`."""
+        return self.loras.pending_reads() if self.loras else []
+
+    def put_lora(self, name: str, adapter: Any) -> None:
+        loras = self._require_loras()
+        entry = loras.entries.get(name)
+        if entry is None:
+            return  # removed while it was being read
+        for seq in loras.put_cpu(entry, adapter):
+            if not seq.is_finished:
+                self.scheduler.add(seq)
+
+    def fail_lora(self, name: str) -> list[str]:
+        """The adapter could not be read back: abort its parked requests; their ids."""
+        entry = self._require_loras().entries.get(name)
+        if entry is None:
+            return []
+        ids = [seq.request_id for seq in entry.parked]
+        entry.parked = []
+        for request_id in ids:
+            self.abort_request(request_id)
+        return ids
+
+    def _release_lora(self, request: _Request) -> None:
+        if self.loras is None or request.lora_id is None:
+            return
+        entry = self.loras.by_id.get(request.lora_id)
+        if entry is not None:
+            entry.parked = [s for s in entry.parked if s.request_id != request.request_id]
+        self.loras.release(request.lora_id)
+        request.lora_id = None
+
+    def _require_loras(self) -> LoRAManager:
+        if self.loras is None:
+            raise InvalidRequestError("this engine does not serve LoRA adapters (enable_lora)")
+        return self.loras
+
+    def _read_parked_adapters(self) -> None:
+        for name, path in self.pending_lora_reads():
+            try:
+                adapter = self.runner.read_adapter(name, path)
+            except (OSError, ValueError):
+                logger.exception("adapter %s could not be read back from %s", name, path)
+                self.fail_lora(name)
+                continue
+            self.put_lora(name, adapter)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -194,7 +302,7 @@ class LLMEngine:
 
     def stats(self) -> dict[str, float]:
         """Load figures for routing and autoscaling."""
-        return {
+        stats = {
             "num_waiting": len(self.scheduler.waiting),
             "num_running": len(self.scheduler.running),
             "kv_cache_usage": self.block_manager.usage,
@@ -202,11 +310,28 @@ class LLMEngine:
             "prefix_cache_hit_rate": self.block_manager.num_hit_tokens
             / max(self.block_manager.num_queried_tokens, 1),
         }
+        if self.loras is not None:
+            stats.update(
+                num_loras=len(self.loras.entries),
+                num_loras_on_device=len(self.loras.slot_of),
+                lora_device_loads=self.loras.num_device_loads,
+                lora_device_evictions=self.loras.num_device_evictions,
+                lora_cpu_evictions=self.loras.num_cpu_evictions,
+            )
+        return stats
+
+    def has_schedulable_work(self) -> bool:
+        """Something a step can run (requests parked on an adapter read are not)."""
+        return self.scheduler.has_work
 
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        if self.read_adapters_in_step:
+            self._read_parked_adapters()
         sched = self.scheduler.schedule()
+        if self.loras is not None:
+            self._assign_lora_slots(sched)
         now = time.monotonic()
         for chunk in sched.chunks:
             metrics = self._request_of(chunk.seq_id).metrics
@@ -216,6 +341,16 @@ class LLMEngine:
             self._request_of(seq_id).metrics.num_preemptions += 1
         results = self.runner.execute(sched)
         return self._update(sched, results)
+
+    def _assign_lora_slots(self, sched: SchedulerOutput) -> None:
+        assert self.loras is not None
+        ids = {c.lora_id for c in sched.chunks if c.lora_id is not None}
+        if not ids:
+            return
+        sched.lora_loads = self.loras.assign_slots(ids, self.scheduler.active_loras())
+        for chunk in sched.chunks:
+            if chunk.lora_id is not None:
+                chunk.lora_slot = self.loras.slot_of[chunk.lora_id]
 
     def _update(self, sched: SchedulerOutput, results: dict[int, Any]) -> list[RequestOutput]:
         now = time.monotonic()
@@ -234,6 +369,7 @@ class LLMEngine:
         for request in touched.values():
             if request.finished:
                 request.metrics.finished_time = now
+                self._release_lora(request)
                 del self._requests[request.request_id]
                 for sample in request.samples:
                     self._seqs.pop(sample.seq.seq_id, None)
@@ -299,6 +435,7 @@ class LLMEngine:
             priority=priority,
             sample_index=index,
             cache_salt=request.cache_salt,
+            lora_id=request.lora_id,
         )
         detokenizer = IncrementalDetokenizer(
             self.tokenizer,

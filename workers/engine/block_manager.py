@@ -4,10 +4,11 @@ Pure Python. Sharing (n > 1 forks, and prompt prefixes across requests) is expre
 counts: a block is reusable only when its count reaches zero.
 
 Prefix caching: a full block is named by a chain hash of (parent hash, its token ids, cache
-salt). Once computed it is registered under that hash. A freed block keeps its name while it
-waits on the free list, oldest-freed first out (LRU), so a later request with the same prefix
-and salt takes it back instead of recomputing. A hit is verified against the stored tokens and
-salt, so a hash collision can never serve wrong KV, and a different salt (tenant) never hits.
+salt, adapter id). Once computed it is registered under that hash. A freed block keeps its
+name while it waits on the free list, oldest-freed first out (LRU), so a later request with
+the same prefix, salt and adapter takes it back instead of recomputing. A hit is verified
+against the stored key, so a hash collision can never serve wrong KV, and a different salt
+(tenant) or adapter never hits.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import OrderedDict
 
 from workers.engine.sequence import Sequence
 
-BlockKey = tuple[int | None, tuple[int, ...], str | None]
+BlockKey = tuple[int | None, tuple[int, ...], str | None, int | None]
 
 
 class BlockManager:
@@ -130,7 +131,8 @@ class BlockManager:
     def _key(self, seq: Sequence, index: int) -> BlockKey:
         parent = seq.block_hashes[index - 1] if index > 0 else None
         start = index * self.block_size
-        return parent, tuple(seq.token_ids[start : start + self.block_size]), seq.cache_salt
+        tokens = tuple(seq.token_ids[start : start + self.block_size])
+        return parent, tokens, seq.cache_salt, seq.lora_id
 
     def _tail_needs_copy(self, seq: Sequence) -> bool:
         """The next write lands in a partly filled block that others also read."""

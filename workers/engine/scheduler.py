@@ -4,12 +4,17 @@ Each step first gives running sequences what they need (one token for a decode, 
 chunk for a prompt being prefilled), then admits waiting ones with chunks of what is left.
 When blocks run out the lowest-priority, newest running sequence is preempted and will be
 recomputed, so the oldest work always progresses and nothing deadlocks.
+
+With LoRA, running requests use at most `max_loras` distinct adapters (pinned ones count
+too), so every running adapter has a device slot and none is ever evicted while in use. A
+waiting request whose adapter does not fit is passed over, not waited on.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any
 
 from workers.engine.block_manager import BlockManager
 from workers.engine.queue_policy import PriorityFCFSQueue
@@ -31,6 +36,8 @@ class ScheduledChunk:
     output_token_ids: list[int]
     num_output_tokens: int
     seed: int | None
+    lora_id: int | None = None
+    lora_slot: int = -1  # set by the engine once slots are assigned; -1 is the base model
 
     @property
     def num_tokens(self) -> int:
@@ -43,6 +50,7 @@ class SchedulerOutput:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     preempted_seq_ids: list[int] = field(default_factory=list)
     finished_seq_ids: list[int] = field(default_factory=list)
+    lora_loads: list[tuple[int, Any]] = field(default_factory=list)  # (slot, adapter) copies
 
     @property
     def num_batched_tokens(self) -> int:
@@ -58,12 +66,15 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     max_waiting: int = 4096
+    max_loras: int = 0  # distinct adapters among running requests; 0 = LoRA off
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
+                 pinned_loras: set[int] | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.pinned_loras = pinned_loras if pinned_loras is not None else set()
         self.waiting = PriorityFCFSQueue()
         self.running: list[Sequence] = []
         self._finished_seq_ids: list[int] = []
@@ -95,6 +106,8 @@ class Scheduler:
             i += 1
         if out.preempted_seq_ids:
             return out  # memory is short: admit nothing new this step
+        active = self.active_loras()
+        passed_over: list[Sequence] = []
         while self.waiting:
             budget = self.config.max_num_batched_tokens - out.num_batched_tokens
             if budget <= 0:
@@ -103,6 +116,9 @@ class Scheduler:
             width = seq.sampling_params.n if seq.pending_forks else 1
             if len(self.running) + width > self.config.max_num_seqs:
                 break
+            if not self._lora_fits(seq.lora_id, active):
+                passed_over.append(self.waiting.pop())
+                continue
             if not seq.block_table:  # new, or preempted: reuse what the prefix cache holds
                 cached = self.block_manager.match_prefix(seq)
                 if seq.num_cached_tokens is None:
@@ -115,7 +131,20 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             out.chunks.append(self._allocate(seq, num_new, out))
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+            if seq.lora_id is not None:
+                active.add(seq.lora_id)
+        for seq in passed_over:
+            self.waiting.push(seq)
         return out
+
+    def active_loras(self) -> set[int]:
+        """Adapters of running requests: they hold device slots."""
+        return {s.lora_id for s in self.running if s.lora_id is not None}
+
+    def _lora_fits(self, lora_id: int | None, active: set[int]) -> bool:
+        if lora_id is None or lora_id in active:
+            return True
+        return len(active | self.pinned_loras | {lora_id}) <= self.config.max_loras
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Run `child` beside `parent`, sharing all of its KV blocks."""
@@ -178,4 +207,5 @@ class Scheduler:
             output_token_ids=seq.output_token_ids if history else [],
             num_output_tokens=seq.num_output_tokens,
             seed=seq.seed,
+            lora_id=seq.lora_id,
         )

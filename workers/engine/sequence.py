@@ -82,6 +82,7 @@ class Sequence:
     cache_salt: str | None = None  # prefix-cache namespace: the tenant, unless shared on purpose
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, in order
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+    lora_id: int | None = None  # the adapter, by registration; None is the base model
 
     @property
     def num_tokens(self) -> int:

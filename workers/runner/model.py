@@ -1,7 +1,8 @@
 """A compact Llama-family decoder over one flattened batch and a paged KV pool.
 
 RMSNorm, RoPE (with scaling), grouped-query attention, SwiGLU, tied or separate LM head.
-q/k/v and gate/up are fused into one matmul each at load time.
+q/k/v and gate/up are fused into one matmul each at load time. When a step carries LoRA rows,
+each projection adds its rows' adapter deltas (`LoRABatch`) right after the base matmul.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
+from workers.runner.lora import LoRABatch
 from workers.runner.rope import RotaryEmbedding, apply_rotary
 
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -32,8 +34,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, layer_idx: int) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or (
@@ -49,9 +52,13 @@ class Attention(nn.Module):
     def forward(
         self, rope: Rope, x: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, block_size: int,
+        lora: LoRABatch | None,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if lora is not None:
+            lora.apply(qkv, x, self.layer_idx, "qkv_proj")
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -59,12 +66,17 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, block_size)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        out = out.reshape(num_tokens, self.q_size)
+        projected = self.o_proj(out)
+        if lora is not None:
+            lora.apply(projected, out, self.layer_idx, "o_proj")
+        return projected
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, layer_idx: int) -> None:
         super().__init__()
+        self.layer_idx = layer_idx
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
@@ -72,25 +84,33 @@ class MLP(nn.Module):
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if lora is not None:
+            lora.apply(gate_up, x, self.layer_idx, "gate_up_proj")
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        hidden = F.silu(gate) * up
+        out = self.down_proj(hidden)
+        if lora is not None:
+            lora.apply(out, hidden, self.layer_idx, "down_proj")
+        return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, layer_idx)
 
     def forward(
         self, rope: Rope, x: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, block_size: int,
+        lora: LoRABatch | None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta, block_size)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta, block_size, lora)
+        return x + self.mlp(self.post_attention_layernorm(x), lora)
 
 
 class LlamaModel(nn.Module):
@@ -102,7 +122,8 @@ class LlamaModel(nn.Module):
         )
         self.rotary = RotaryEmbedding(config, head_dim, max_positions)  # stays float32
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
@@ -111,13 +132,13 @@ class LlamaModel(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-        block_size: int,
+        block_size: int, lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         """Final hidden states for every token of the flattened batch."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(rope, x, kv_cache, meta, block_size)
+            x = layer(rope, x, kv_cache, meta, block_size, lora)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 Input is the scheduler's plain `SchedulerOutput`; output is one `SampleResult` per sequence
 that samples this step. Single-token chunks (decodes, and one-token prefill tails) go first
-so attention serves them with one call; prefill chunks follow.
+so attention serves them with one call; prefill chunks follow. Within each, rows are ordered
+by LoRA slot so that rows of one adapter form one contiguous segment.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
+from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import kv_cache
 from workers.runner.attention import AttentionMetadata, build_metadata
 from workers.runner.loader import load_weights
+from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASegments, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 
@@ -30,6 +33,8 @@ class RunnerConfig:
     kv_cache_memory: int | None
     kv_cache_fraction: float | None
     max_model_len: int | None
+    max_loras: int = 0
+    max_lora_rank: int = 16
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -51,6 +56,7 @@ class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
+        *, max_loras: int = 0, max_lora_rank: int = 16,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -63,6 +69,13 @@ class ModelRunner:
         config = model.config
         self.group = config.num_attention_heads // config.num_key_value_heads
         self._generators: dict[int, torch.Generator] = {}
+        self.max_lora_rank = max_lora_rank
+        self.lora_slots: LoRASlots | None = None
+        if max_loras:
+            self.lora_slots = LoRASlots(
+                num_slots=max_loras, max_rank=max_lora_rank,
+                num_layers=config.num_hidden_layers, shapes=self.lora_shapes(),
+                dtype=self.dtype, device=self.device)
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -95,7 +108,24 @@ class ModelRunner:
             config.max_model_len or hf_config.max_position_embeddings,
             num_blocks * config.block_size,
         )
-        return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids)
+        return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
+                   max_loras=config.max_loras, max_lora_rank=config.max_lora_rank)
+
+    def lora_shapes(self) -> dict[str, ModuleShape]:
+        """(in, out) of each LoRA-able projection: what an adapter must match (the base check)."""
+        attn, mlp = self.model.layers[0].self_attn, self.model.layers[0].mlp
+        hidden = self.model.config.hidden_size
+        outs = {"q_proj": attn.q_size, "k_proj": attn.kv_size, "v_proj": attn.kv_size,
+                "o_proj": hidden, "gate_proj": mlp.intermediate, "up_proj": mlp.intermediate,
+                "down_proj": hidden}
+        ins = {"o_proj": attn.q_size, "down_proj": mlp.intermediate}
+        return {m: ModuleShape(ins.get(m, hidden), outs[m]) for m in SUPPORTED_MODULES}
+
+    def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
+        """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
+        return load_adapter(path, name=name, max_rank=self.max_lora_rank,
+                            num_layers=self.model.config.num_hidden_layers,
+                            shapes=self.lora_shapes(), dtype=self.dtype)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> dict[int, SampleResult]:
@@ -103,14 +133,18 @@ class ModelRunner:
             self._generators.pop(seq_id, None)
         if sched.blocks_to_copy:
             self._copy_blocks(sched.blocks_to_copy)
+        for slot, adapter in sched.lora_loads:
+            assert self.lora_slots is not None, "LoRA is not enabled on this runner"
+            self.lora_slots.load(slot, adapter)
         if not sched.chunks:
             return {}
-        # decodes first, shortest context first (for grouping); then prefill chunks
-        chunks = sorted(
-            sched.chunks, key=lambda c: (c.num_tokens != 1, c.start_pos if c.num_tokens == 1 else 0)
-        )
+        # decodes first, by adapter, then shortest context first (for grouping); then prefill
+        # chunks, by adapter
+        chunks = sorted(sched.chunks, key=lambda c: (
+            c.num_tokens != 1, c.lora_slot, c.start_pos if c.num_tokens == 1 else 0))
         input_ids, positions, meta, sample_rows = self._prepare(chunks)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size,
+                            self._lora_batch(chunks))
         sampling = [c for c in chunks if c.num_samples]
         if not sampling:
             return {}
@@ -141,6 +175,12 @@ class ModelRunner:
             meta,
             torch.tensor(sample_rows, dtype=torch.long).to(device, non_blocking=True),
         )
+
+    def _lora_batch(self, chunks: list[ScheduledChunk]) -> LoRABatch | None:
+        if self.lora_slots is None or all(c.lora_slot == NO_ADAPTER for c in chunks):
+            return None
+        segments = LoRASegments.from_lengths([(c.lora_slot, c.num_tokens) for c in chunks])
+        return LoRABatch(self.lora_slots, segments)
 
     def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
         generator = None

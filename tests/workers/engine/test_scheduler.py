@@ -176,3 +176,33 @@ def test_finish_of_a_waiting_sequence_removes_it():
     sched.finish(seq)
     assert len(sched.waiting) == 0
     assert sched.schedule().chunks == []
+
+
+def test_lora_cap_passes_over_requests_whose_adapter_does_not_fit():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_loras=2),
+                      BlockManager(64, 4))
+    seqs = [make_seq(4) for _ in range(5)]
+    for seq, lora_id in zip(seqs, [1, 2, 3, 1, None], strict=True):
+        seq.lora_id = lora_id
+        sched.add(seq)
+    out = sched.schedule()
+    admitted = [c.seq_id for c in out.chunks]
+    assert admitted == [seqs[0].seq_id, seqs[1].seq_id, seqs[3].seq_id, seqs[4].seq_id]
+    assert [c.lora_id for c in out.chunks] == [1, 2, 1, None]
+    assert list(sched.waiting) == [seqs[2]] and sched.active_loras() == {1, 2}
+    for seq in (seqs[1],):
+        sched.finish(seq)
+    out = sched.schedule()  # adapter 2 is gone: 3 fits now
+    assert seqs[2].seq_id in [c.seq_id for c in out.chunks]
+    assert sched.active_loras() == {1, 3}
+
+
+def test_pinned_adapters_count_against_the_cap():
+    sched = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_loras=2),
+                      BlockManager(64, 4), pinned_loras={9})
+    a, b = make_seq(4), make_seq(4)
+    a.lora_id, b.lora_id = 1, 2
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert [c.seq_id for c in out.chunks] == [a.seq_id]  # 1 plus pinned 9 fill both slots

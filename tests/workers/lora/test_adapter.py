@@ -12,9 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.conftest import build_tiny_llama
+from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter
 from workers.lora.adapter import AdapterError, ModuleShape, load_adapter
 
-ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ALL = ALL_MODULES
 
 
 def shapes_of(model) -> dict[str, ModuleShape]:
@@ -25,12 +26,7 @@ def shapes_of(model) -> dict[str, ModuleShape]:
 
 
 def make_adapter(base: Path, out: Path, **lora: object) -> Path:
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(base)
-    config = peft.LoraConfig(init_lora_weights=False, **{"r": 8, "lora_alpha": 16,
-                                                        "target_modules": ALL, **lora})
-    peft.get_peft_model(model, config).save_pretrained(out)
-    return out
+    return make_peft_adapter(base, out, **lora)
 
 
 @pytest.fixture(scope="module")

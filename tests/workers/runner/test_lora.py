@@ -4,54 +4,75 @@ from __future__ import annotations
 
 import torch
 
-from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape
-from workers.runner.lora import NO_ADAPTER, LoRASegments, LoRASlots
+from workers.lora.adapter import LoRAAdapter, ModuleShape
+from workers.runner.lora import NO_ADAPTER, PACKED, LoRASegments, LoRASlots
 
-SHAPES = {m: ModuleShape(32, 48) for m in SUPPORTED_MODULES}
+# distinct sizes, so a delta landing in the wrong member's columns cannot go unnoticed
+SHAPES = {"q_proj": ModuleShape(32, 48), "k_proj": ModuleShape(32, 16),
+          "v_proj": ModuleShape(32, 16), "o_proj": ModuleShape(48, 32),
+          "gate_proj": ModuleShape(32, 64), "up_proj": ModuleShape(32, 64),
+          "down_proj": ModuleShape(64, 32)}
 
 
 def random_adapter(name: str, rank: int, modules: list[str], seed: int) -> LoRAAdapter:
     g = torch.Generator().manual_seed(seed)
-    weights = {(layer, m): (torch.randn(rank, 32, generator=g), torch.randn(48, rank, generator=g))
+    weights = {(layer, m): (torch.randn(rank, SHAPES[m].in_features, generator=g),
+                            torch.randn(SHAPES[m].out_features, rank, generator=g))
                for layer in range(2) for m in modules}
     return LoRAAdapter(name, rank, 1.0, frozenset(modules), weights)
 
 
-def test_segments_from_rows():
+def make_slots(num_slots: int) -> LoRASlots:
+    return LoRASlots(num_slots=num_slots, max_rank=16, num_layers=2, shapes=SHAPES,
+                     dtype=torch.float32, device=torch.device("cpu"))
+
+
+def test_segments_from_rows_and_lengths():
     rows = [0, 0, NO_ADAPTER, 2, 2, 2, 0, NO_ADAPTER, NO_ADAPTER, 1]
-    assert LoRASegments.from_rows(rows).runs == ((0, 0, 2), (2, 3, 6), (0, 6, 7), (1, 9, 10))
+    expected = ((0, 0, 2), (2, 3, 6), (0, 6, 7), (1, 9, 10))
+    assert LoRASegments.from_rows(rows).runs == expected
+    assert LoRASegments.from_lengths(
+        [(0, 1), (0, 1), (NO_ADAPTER, 1), (2, 3), (0, 1), (NO_ADAPTER, 2), (1, 1)]
+    ).runs == expected
     assert LoRASegments.from_rows([]).runs == ()
-    assert LoRASegments.from_rows([NO_ADAPTER] * 3).runs == ()
+    assert LoRASegments.from_lengths([(NO_ADAPTER, 3)]).runs == ()
 
 
 def test_mixed_batch_equals_each_row_alone():
-    adapters = [random_adapter("r8", 8, ["q_proj", "down_proj"], 1),
-                random_adapter("r16", 16, ["q_proj"], 2),
+    adapters = [random_adapter("r8", 8, ["q_proj", "v_proj", "down_proj", "up_proj"], 1),
+                random_adapter("r16", 16, ["q_proj", "k_proj", "o_proj", "gate_proj"], 2),
                 random_adapter("r4", 4, ["v_proj"], 3)]
-    slots = LoRASlots(num_slots=4, max_rank=16, num_layers=2, shapes=SHAPES,
-                      dtype=torch.float32, device=torch.device("cpu"))
+    slots = make_slots(4)
     for slot, adapter in enumerate(adapters):
         slots.load(slot, adapter)
     rows = [0, 0, 1, NO_ADAPTER, 2, 1, 1, NO_ADAPTER, 0]
-    x = torch.randn(len(rows), 32)
-    base = torch.randn(len(rows), 48)
-    for module in ("q_proj", "down_proj", "v_proj", "o_proj"):
-        out = slots.apply(base.clone(), x, 1, module, LoRASegments.from_rows(rows))
+    segments = LoRASegments.from_rows(rows)
+    for packed, members in PACKED.items():
+        in_features = SHAPES[members[0]].in_features
+        widths = [SHAPES[m].out_features for m in members]
+        x = torch.randn(len(rows), in_features)
+        base = torch.randn(len(rows), sum(widths))
+        out = slots.apply(base.clone(), x, 1, packed, segments)
         for i, slot in enumerate(rows):
-            expected = base[i].clone()
-            if slot != NO_ADAPTER and (1, module) in adapters[slot].weights:
-                a, b = adapters[slot].weights[(1, module)]
-                expected += b @ (a @ x[i])
-            torch.testing.assert_close(out[i], expected, rtol=1e-4, atol=1e-4)
+            parts = []
+            for module, part in zip(members, base[i].split(widths), strict=True):
+                part = part.clone()
+                if slot != NO_ADAPTER and (1, module) in adapters[slot].weights:
+                    a, b = adapters[slot].weights[(1, module)]
+                    part += b @ (a @ x[i])
+                parts.append(part)
+            torch.testing.assert_close(out[i], torch.cat(parts), rtol=1e-4, atol=1e-4)
 
 
 def test_reloading_a_slot_leaves_no_trace():
-    slots = LoRASlots(num_slots=1, max_rank=16, num_layers=2, shapes=SHAPES,
-                      dtype=torch.float32, device=torch.device("cpu"))
-    slots.load(0, random_adapter("big", 16, list(SUPPORTED_MODULES), 4))
+    slots = make_slots(1)
+    slots.load(0, random_adapter("big", 16, list(SHAPES), 4))
     small = random_adapter("small", 4, ["q_proj"], 5)
     slots.load(0, small)
     assert slots.slot_names == ["small"]
     x = torch.randn(3, 32)
-    out = slots.apply(torch.zeros(3, 48), x, 0, "k_proj", LoRASegments.from_rows([0, 0, 0]))
-    assert torch.count_nonzero(out) == 0  # the old adapter's k_proj is gone
+    out = slots.apply(torch.zeros(3, 96), x, 0, "gate_up_proj", LoRASegments.from_rows([0] * 3))
+    assert torch.count_nonzero(out) == 0  # the old adapter's gate/up are gone
+    out = slots.apply(torch.zeros(3, 80), x, 0, "qkv_proj", LoRASegments.from_rows([0] * 3))
+    assert torch.count_nonzero(out[:, 48:]) == 0  # k and v too; q is the new adapter's
+    assert torch.count_nonzero(out[:, :48]) > 0
