@@ -47,6 +47,7 @@ class PreparedCall:
 
     chat: bool
     request: PreparedRequest
+    model: str  # as the response names it: the base model, or "base:adapter"
     usage: Usage = field(default_factory=Usage)
 
     @property
@@ -68,21 +69,23 @@ class EmbeddedClient:
         return self.engine._require_engine().max_model_len
 
     def prepare(
-        self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None
+        self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None,
+        lora: str | None = None, model: str | None = None,
     ) -> PreparedCall:
         """Tokenize and validate; fixes max_tokens to what will really be generated at most.
 
-        `cache_salt` is the prefix-cache namespace (the gateway passes the tenant)."""
+        `cache_salt` is the prefix-cache namespace (the gateway passes the tenant); `lora` the
+        engine's name of a registered adapter, and `model` what responses call the model."""
         params = sampling_params(body, chat=chat)
         prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer)
         try:
             prepared = self.engine._require_engine().prepare_request(
-                prompt, params, cache_salt=cache_salt)
+                prompt, params, cache_salt=cache_salt, lora=lora)
         except InvalidRequestError as exc:
             if chat and exc.param == "prompt":
                 exc.param = "messages"
             raise
-        call = PreparedCall(chat, prepared)
+        call = PreparedCall(chat, prepared, model or self.model_name)
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
@@ -119,7 +122,7 @@ class EmbeddedClient:
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
             data: dict[str, Any] = {"id": request_id, "object": kind, "created": created,
-                                    "model": self.model_name, "choices": choices}
+                                    "model": call.model, "choices": choices}
             if include_usage:
                 data["usage"] = usage
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
@@ -180,7 +183,7 @@ class EmbeddedClient:
             choices.append(choice)
         return {
             "id": request_id, "object": "chat.completion" if call.chat else "text_completion",
-            "created": int(time.time()), "model": self.model_name, "choices": choices,
+            "created": int(time.time()), "model": call.model, "choices": choices,
             "usage": call.usage.as_openai(),
         }
 

@@ -225,3 +225,20 @@ async def test_unload_waits_for_in_flight_requests(tiny_llama_path, adapters):
         assert [s.name for s in await engine.list_loras()] == ["a0"]
     finally:
         await engine.shutdown()
+
+
+def test_smollm2_with_a_generated_adapter_equals_peft(smollm2_path, tokenizer, tmp_path):
+    adapter = make_peft_adapter(smollm2_path, tmp_path / "smol-lora", seed=5, r=8,
+                                target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+    chat = [[{"role": "user", "content": "Name a colour of the sky."}],
+            [{"role": "user", "content": "What is two plus three?"}]]
+    prompts_ = [tokenizer.apply_chat_template(c, tokenize=True, add_generation_prompt=True,
+                                              return_dict=True)["input_ids"] for c in chat]
+    reference = peft_model(smollm2_path, adapter)
+    expected = [hf_greedy(reference, p, MAX_TOKENS, eos=False) for p in prompts_]
+    llm = LLM(str(smollm2_path), kv_cache_memory=64 << 20, enable_lora=True, max_loras=2,
+              max_lora_rank=8)
+    llm.add_lora("smol", str(adapter))
+    outs = llm.generate(prompts_ + prompts_, PARAMS, lora=["smol", "smol", None, None])
+    assert [o.outputs[0].token_ids for o in outs[:2]] == expected
+    assert [o.outputs[0].token_ids for o in outs[2:]] != expected  # the adapter matters

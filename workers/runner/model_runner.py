@@ -19,7 +19,7 @@ from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, lo
 from workers.runner import kv_cache
 from workers.runner.attention import AttentionMetadata, build_metadata
 from workers.runner.loader import load_weights
-from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASegments, LoRASlots
+from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 
@@ -179,8 +179,8 @@ class ModelRunner:
     def _lora_batch(self, chunks: list[ScheduledChunk]) -> LoRABatch | None:
         if self.lora_slots is None or all(c.lora_slot == NO_ADAPTER for c in chunks):
             return None
-        segments = LoRASegments.from_lengths([(c.lora_slot, c.num_tokens) for c in chunks])
-        return LoRABatch(self.lora_slots, segments)
+        return LoRABatch.build(self.lora_slots, [(c.lora_slot, c.num_tokens) for c in chunks],
+                               self.device)
 
     def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
         generator = None

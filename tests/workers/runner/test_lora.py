@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from workers.lora.adapter import LoRAAdapter, ModuleShape
-from workers.runner.lora import NO_ADAPTER, PACKED, LoRASegments, LoRASlots
+from workers.runner.lora import NO_ADAPTER, PACKED, LoRABatch, LoRASegments, LoRASlots
 
 # distinct sizes, so a delta landing in the wrong member's columns cannot go unnoticed
 SHAPES = {"q_proj": ModuleShape(32, 48), "k_proj": ModuleShape(32, 16),
@@ -76,3 +76,33 @@ def test_reloading_a_slot_leaves_no_trace():
     out = slots.apply(torch.zeros(3, 80), x, 0, "qkv_proj", LoRASegments.from_rows([0] * 3))
     assert torch.count_nonzero(out[:, 48:]) == 0  # k and v too; q is the new adapter's
     assert torch.count_nonzero(out[:, :48]) > 0
+
+
+def test_batched_decode_rows_equal_per_segment_matmuls():
+    adapters = [random_adapter(f"a{i}", [4, 8, 16][i % 3], list(SHAPES), 10 + i)
+                for i in range(4)]
+    slots = make_slots(5)
+    for slot, adapter in enumerate(adapters):
+        slots.load(slot + 1, adapter)  # slot 0 stays empty: the batched range skips nothing
+    # decode rows (one row each, sorted by slot, base rows first), then two prefill chunks
+    chunks = [(NO_ADAPTER, 1), (1, 1), (1, 1), (2, 1), (4, 1), (4, 1), (4, 1), (3, 6),
+              (NO_ADAPTER, 4), (1, 5)]
+    batch = LoRABatch.build(slots, chunks, torch.device("cpu"))
+    assert batch.batched is not None and (batch.batched.lo, batch.batched.hi) == (1, 5)
+    assert batch.batched.width == 3
+    assert batch.segments.runs == ((3, 7, 13), (1, 17, 22))
+    rows = [slot for slot, n in chunks for _ in range(n)]
+    reference = LoRASegments.from_rows(rows)
+    for packed, members in PACKED.items():
+        x = torch.randn(len(rows), SHAPES[members[0]].in_features)
+        base = torch.randn(len(rows), sum(SHAPES[m].out_features for m in members))
+        expected = slots.apply(base.clone(), x, 0, packed, reference)
+        torch.testing.assert_close(batch.apply(base.clone(), x, 0, packed), expected)
+
+
+def test_skewed_decode_rows_fall_back_to_segments():
+    slots = make_slots(8)
+    chunks = [(0, 1)] * 12 + [(7, 1)]  # padding slots 0..7 to 12 rows would be 96 rows for 13
+    batch = LoRABatch.build(slots, chunks, torch.device("cpu"))
+    assert batch.batched is None
+    assert batch.segments.runs == ((0, 0, 12), (7, 12, 13))
