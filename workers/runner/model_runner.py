@@ -56,7 +56,7 @@ class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
-        *, max_loras: int = 0, max_lora_rank: int = 16,
+        *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -70,12 +70,7 @@ class ModelRunner:
         self.group = config.num_attention_heads // config.num_key_value_heads
         self._generators: dict[int, torch.Generator] = {}
         self.max_lora_rank = max_lora_rank
-        self.lora_slots: LoRASlots | None = None
-        if max_loras:
-            self.lora_slots = LoRASlots(
-                num_slots=max_loras, max_rank=max_lora_rank,
-                num_layers=config.num_hidden_layers, shapes=self.lora_shapes(),
-                dtype=self.dtype, device=self.device)
+        self.lora_slots = lora_slots
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -97,6 +92,12 @@ class ModelRunner:
             block_size=config.block_size,
             dtype=config.dtype,
         )
+        lora_slots = None
+        if config.max_loras:  # before the KV budget, which may be a share of what is free
+            lora_slots = LoRASlots(
+                num_slots=config.max_loras, max_rank=config.max_lora_rank,
+                num_layers=hf_config.num_hidden_layers, shapes=projection_shapes(model),
+                dtype=config.dtype, device=config.device)
         budget = kv_cache.budget_bytes(
             config.device, config.kv_cache_memory, config.kv_cache_fraction
         )
@@ -109,23 +110,13 @@ class ModelRunner:
             num_blocks * config.block_size,
         )
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
-                   max_loras=config.max_loras, max_lora_rank=config.max_lora_rank)
-
-    def lora_shapes(self) -> dict[str, ModuleShape]:
-        """(in, out) of each LoRA-able projection: what an adapter must match (the base check)."""
-        attn, mlp = self.model.layers[0].self_attn, self.model.layers[0].mlp
-        hidden = self.model.config.hidden_size
-        outs = {"q_proj": attn.q_size, "k_proj": attn.kv_size, "v_proj": attn.kv_size,
-                "o_proj": hidden, "gate_proj": mlp.intermediate, "up_proj": mlp.intermediate,
-                "down_proj": hidden}
-        ins = {"o_proj": attn.q_size, "down_proj": mlp.intermediate}
-        return {m: ModuleShape(ins.get(m, hidden), outs[m]) for m in SUPPORTED_MODULES}
+                   lora_slots=lora_slots, max_lora_rank=config.max_lora_rank)
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
         return load_adapter(path, name=name, max_rank=self.max_lora_rank,
                             num_layers=self.model.config.num_hidden_layers,
-                            shapes=self.lora_shapes(), dtype=self.dtype)
+                            shapes=projection_shapes(self.model), dtype=self.dtype)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> dict[int, SampleResult]:
@@ -207,3 +198,14 @@ class ModelRunner:
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
+
+def projection_shapes(model: LlamaModel) -> dict[str, ModuleShape]:
+    """(in, out) of each LoRA-able projection: what an adapter must match (the base check)."""
+    attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
+    hidden = model.config.hidden_size
+    outs = {"q_proj": attn.q_size, "k_proj": attn.kv_size, "v_proj": attn.kv_size,
+            "o_proj": hidden, "gate_proj": mlp.intermediate, "up_proj": mlp.intermediate,
+            "down_proj": hidden}
+    ins = {"o_proj": attn.q_size, "down_proj": mlp.intermediate}
+    return {m: ModuleShape(ins.get(m, hidden), outs[m]) for m in SUPPORTED_MODULES}
