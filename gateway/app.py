@@ -12,8 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import APIError, error_body
-from gateway.middleware import AdminGuard, GatewayMiddleware
-from gateway.routes import health, openai, tenant
+from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
+from gateway.routes import adapters, health, openai, tenant
 from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
 from gateway.state import close_state, open_state
@@ -40,9 +40,12 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(health.router)
     app.include_router(openai.router)
     app.include_router(tenant.router)
+    app.include_router(adapters.router)
     app.include_router(admin_router)
     app.add_middleware(AdminGuard)  # admin auth before any body is parsed
-    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(TenantUploadGuard, path=adapters.UPLOAD_PATH)
+    app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes,
+                       max_upload_bytes=settings.max_adapter_upload_bytes)
     _add_error_handlers(app)
     return app
 
@@ -59,7 +62,9 @@ def _add_error_handlers(app: FastAPI) -> None:
             return JSONResponse(error_body("We could not parse the JSON body of your request.",
                                            "invalid_request_error", "invalid_json"),
                                 status_code=400)
-        loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+        loc = [str(p) for p in first.get("loc", ())]
+        if loc and loc[0] in ("body", "query", "path", "header", "cookie"):
+            loc = loc[1:]  # where it came from, not a field (a field may be called "path")
         param = ".".join(loc) or None
         message = f"Invalid value for '{param}': {first.get('msg')}." if param else str(
             first.get("msg", "Invalid request."))
@@ -69,8 +74,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(exc.detail), type_), status_code=exc.status_code,
-                            headers=exc.headers)
+        code = "body_too_large" if exc.status_code == 413 else None
+        return JSONResponse(error_body(str(exc.detail), type_, code),
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(ServiceError)
     async def service_error(request: Request, exc: ServiceError) -> Response:

@@ -1,26 +1,27 @@
 """API key authentication without a database query on the hot path.
 
-Key contexts are cached per key id after one lookup. Every mutation of keys, tenants or plans
-bumps a version row in the database; each replica polls it (default every 0.5 s) and drops
-its cache when it moves, so a revocation reaches every replica well within 2 seconds. The
-replica that made the change catches up at once (`AuthWatcher.catch_up`).
+Key contexts are cached per key id after one lookup. Every mutation of keys, tenants, plans or
+adapters bumps a version row in the database; each replica polls it (default every 0.5 s) and
+drops its caches (keys, and tenant adapters: `gateway.adapters.cache`) when it moves, so a
+revocation reaches every replica well within 2 seconds. The replica that made the change
+catches up at once (`AuthWatcher.catch_up`).
 Unknown key ids are cached too (bounded), so random keys cannot hammer the database.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import Protocol, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.errors import forbidden, unauthorized
+from gateway.lookup import LookupCache
 from tenancy import service
 from tenancy.context import AdminContext, KeyContext
 from tenancy.keys import parse_key, verify_secret
@@ -43,25 +44,6 @@ def bearer_token(authorization: str | None) -> str:
     return token.strip()
 
 
-class _Cache(Generic[T]):
-    """Positive and (bounded) negative entries, with one database load per key at a time."""
-
-    def __init__(self, negative_size: int) -> None:
-        self.found: dict[str, T] = {}
-        self.missing: collections.OrderedDict[str, None] = collections.OrderedDict()
-        self.loading: dict[str, asyncio.Future[T | None]] = {}
-        self._negative_size = negative_size
-
-    def clear(self) -> None:
-        self.found.clear()
-        self.missing.clear()
-
-    def remember_missing(self, key_id: str) -> None:
-        self.missing[key_id] = None
-        if len(self.missing) > self._negative_size:
-            self.missing.popitem(last=False)
-
-
 class KeyCache:
     def __init__(
         self, sessionmaker: async_sessionmaker[AsyncSession], pepper: bytes,
@@ -69,9 +51,8 @@ class KeyCache:
     ) -> None:
         self._sessionmaker = sessionmaker
         self.pepper = pepper
-        self._tenant: _Cache[KeyContext] = _Cache(negative_size)
-        self._admin: _Cache[AdminContext] = _Cache(negative_size)
-        self.version: int | None = None
+        self._tenant: LookupCache[str, KeyContext] = LookupCache(negative_size)
+        self._admin: LookupCache[str, AdminContext] = LookupCache(negative_size)
 
     def clear(self) -> None:
         self._tenant.clear()
@@ -105,41 +86,26 @@ class KeyCache:
             raise unauthorized("Incorrect API key provided.")
         return ctx
 
-    async def _lookup(self, cache: _Cache[T], key_id: str, load: _Loader[T]) -> T | None:
-        if key_id in cache.found:
-            return cache.found[key_id]
-        if key_id in cache.missing:
-            return None
-        pending = cache.loading.get(key_id)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
-        cache.loading[key_id] = future
-        version = self.version
-        try:
+    async def _lookup(self, cache: LookupCache[str, T], key_id: str, load: _Loader[T]
+                      ) -> T | None:
+        async def query() -> T | None:
             async with self._sessionmaker() as session:
-                ctx = await load(session, key_id=key_id)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters re-raise it, nobody logs it twice
-            raise
-        finally:
-            cache.loading.pop(key_id, None)
-        if version == self.version:  # no invalidation raced with this load
-            if ctx is None:
-                cache.remember_missing(key_id)
-            else:
-                cache.found[key_id] = ctx
-        future.set_result(ctx)
-        return ctx
+                return await load(session, key_id=key_id)
+
+        return await cache.get(key_id, query)
+
+
+class Clearable(Protocol):
+    def clear(self) -> None: ...
 
 
 class AuthWatcher:
-    """Polls the auth version and clears the key cache when it changes."""
+    """Polls the auth version and clears the caches (keys, adapters) when it changes."""
 
-    def __init__(self, cache: KeyCache, sessionmaker: async_sessionmaker[AsyncSession],
-                 *, interval_s: float) -> None:
-        self._cache = cache
+    def __init__(self, caches: Sequence[Clearable],
+                 sessionmaker: async_sessionmaker[AsyncSession], *, interval_s: float) -> None:
+        self._caches = tuple(caches)
+        self.version: int | None = None
         self._sessionmaker = sessionmaker
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
@@ -158,9 +124,10 @@ class AuthWatcher:
     async def check(self) -> None:
         async with self._sessionmaker() as session:
             version = await service.auth_version(session)
-        if version != self._cache.version:
-            self._cache.version = version
-            self._cache.clear()
+        if version != self.version:
+            self.version = version
+            for cache in self._caches:
+                cache.clear()
 
     async def catch_up(self) -> None:
         """After a mutation through this replica: apply it here now, not at the next poll."""

@@ -3,7 +3,8 @@
 Every response gets an `x-request-id` (the caller's, if it sent a sane one) and an
 `x-gateway-overhead-ms`: time spent in the gateway before the response started, minus the
 time spent waiting on the upstream. Bodies announced as too large are refused with 413 before
-they are read.
+they are read. Adapter uploads have their own, larger limit, also enforced while the body
+streams in (multipart bodies are spooled to disk as they arrive).
 """
 
 from __future__ import annotations
@@ -12,17 +13,21 @@ import re
 import time
 import uuid
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import APIError, too_large
 
 _SANE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # fits usage_records.request_id
+UPLOAD_SUFFIX = "/adapters/upload"  # admin and tenant adapter uploads
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int,
+                 max_upload_bytes: int | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_upload_bytes = max_upload_bytes or max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,10 +56,55 @@ class GatewayMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        if length and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await too_large(self.max_body_bytes).response()(scope, receive, send_with_headers)
+        limit = self.max_body_bytes
+        if scope.get("path", "").endswith(UPLOAD_SUFFIX):
+            limit = self.max_upload_bytes
+            receive = _limited(receive, limit)
+        if length and (not length.isdigit() or int(length) > limit):
+            await too_large(limit).response()(scope, receive, send_with_headers)
             return
         await self.app(scope, receive, send_with_headers)
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """`receive` that refuses (413) a body growing past `limit`, however it is framed."""
+    size = 0
+
+    async def receive_limited() -> Message:
+        nonlocal size
+        message = await receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:  # FastAPI re-raises HTTPException from body parsing as it is
+                raise HTTPException(413, too_large(limit).message)
+        return message
+
+    return receive_limited
+
+
+class TenantUploadGuard:
+    """Checks the tenant key on adapter uploads before the body (up to the upload limit, on
+    disk) is read: an unauthenticated caller gets its 401 without costing a spooled file."""
+
+    def __init__(self, app: ASGIApp, *, path: str) -> None:
+        self.app = app
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") == self.path:
+            try:
+                await scope["app"].state.gateway.keys.tenant(_authorization(scope))
+            except APIError as exc:
+                await exc.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return value.decode("latin-1")
+    return None
 
 
 class AdminGuard:
@@ -70,12 +120,8 @@ class AdminGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
         if scope["type"] == "http" and (path == "/admin" or path.startswith("/admin/")):
-            authorization = None
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
             try:
-                admin = await scope["app"].state.gateway.keys.admin(authorization)
+                admin = await scope["app"].state.gateway.keys.admin(_authorization(scope))
             except APIError as exc:
                 await exc.response()(scope, receive, send)
                 return

@@ -1,9 +1,11 @@
 """The request path of a completion, in order. Read this first.
 
     authenticate key (cached, no DB) -> read and validate the body -> resolve the model to a
-    deployment (404/403) -> prepare the call (exact prompt tokens, context check) -> reserve
-    limits and budget atomically (429) -> [cache lookup: later] -> dispatch, streaming or not
-    (client disconnect aborts upstream) -> settle the reservation to the real usage and meter it.
+    deployment, or to the caller's own LoRA adapter on one (cached, 404/403) -> prepare the
+    call (exact prompt tokens, context check) -> reserve limits and budget atomically (429)
+    -> [cache lookup: later] -> dispatch (registering the adapter with the engine on first
+    use), streaming or not (client disconnect aborts upstream) -> settle the reservation to
+    the real usage and meter it.
 
 The reservation is settled exactly once per admitted request, whatever happens after it.
 """
@@ -22,7 +24,13 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
 from gateway.admission import admission_request, ratelimit_headers, refusal
-from gateway.deployments.base import Call, Deployment, UpstreamFailure
+from gateway.deployments.base import (
+    AdapterRef,
+    Call,
+    Deployment,
+    UpstreamFailure,
+    engine_adapter_name,
+)
 from gateway.errors import APIError, bad_request, forbidden, model_not_found, too_large
 from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from gateway.state import GatewayState
@@ -39,8 +47,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     key = await gw.keys.tenant(request.headers.get("authorization"))
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_body(raw, chat=chat)
-    deployment = resolve(gw, key, body.model)
-    call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id)
+    deployment, adapter = await resolve(gw, key, body.model)
+    call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id, adapter=adapter)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   config=deployment.config)
@@ -120,17 +128,38 @@ def _is_type_tag(part: str) -> bool:
     return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-"))
 
 
-def resolve(gw: GatewayState, key: KeyContext, model: str) -> Deployment:
-    """The deployment to use; 404 for models that don't exist, 403 for ones the key may not use."""
-    chain = gw.deployments.route(model)
-    if not chain:
+async def resolve(gw: GatewayState, key: KeyContext, model: str
+                  ) -> tuple[Deployment, AdapterRef | None]:
+    """The deployment to use, and the caller's adapter on it if `model` names one.
+
+    404 for models that don't exist; another tenant's adapter is exactly that, one the caller
+    cannot tell from a name nobody registered. 403 for ones the key or plan may not use."""
+    if gw.deployments.route(model):
+        return pick_deployment(gw, key, model, asked=model), None
+    adapter = await gw.adapters.find(key.tenant_id, model)  # this tenant's only; cached
+    if adapter is None:
         raise model_not_found(model)
-    if not key.may_use_model(model):
-        raise forbidden(f"Your API key is not allowed to use the model '{model}'.",
+    if not key.may_use_adapter(adapter.name):
+        raise forbidden(f"Your API key is not allowed to use the adapter '{adapter.name}'.",
+                        code="adapter_not_allowed")
+    deployment = pick_deployment(gw, key, adapter.base_model, asked=model, adapters=True)
+    ref = AdapterRef(adapter.id, engine_adapter_name(key.tenant_id, adapter.name),
+                     adapter.path, adapter.pinned)
+    return deployment, ref
+
+
+def pick_deployment(gw: GatewayState, key: KeyContext, base: str, *, asked: str,
+                    adapters: bool = False) -> Deployment:
+    """The first deployment of `base` the key may use (`adapters`: one that applies them)."""
+    chain = [d for d in gw.deployments.route(base) if d.serves_adapters or not adapters]
+    if not chain:
+        raise model_not_found(asked)
+    if not key.may_use_model(base):
+        raise forbidden(f"Your API key is not allowed to use the model '{base}'.",
                         code="model_not_allowed")
     allowed = [d for d in chain if key.may_use_tier(d.config.tier)]
     if not allowed:
-        raise forbidden(f"Your plan does not include the tier that serves '{model}'.",
+        raise forbidden(f"Your plan does not include the tier that serves '{base}'.",
                         code="tier_not_allowed")
     return allowed[0]
 

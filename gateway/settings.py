@@ -34,6 +34,15 @@ class Settings(BaseSettings):
     embedded_output_price_per_1m: Decimal = Decimal("0.10")
     embedded_tier: str = "economy"
     embedded_shared_prefix_cache: bool = False  # share prefix-cache KV across tenants
+    # Tenants' LoRA adapters on the embedded engine (docs/gateway.md, "LoRA adapters").
+    embedded_enable_lora: bool = True
+    embedded_max_loras: int = 4  # adapters in device slots at once
+    embedded_max_lora_rank: int = 16
+    embedded_max_cpu_loras: int | None = None  # loaded copies in host memory; None: 4 * max_loras
+    # Uploaded adapter files, one folder each. Shared storage when several replicas serve.
+    adapter_dir: Path = Path(".switchboard-adapters")
+    max_adapter_upload_bytes: int = 256 << 20
+    max_adapters_per_tenant: int = 100  # for tenant self-service uploads
 
     # Request handling.
     max_body_bytes: int = 4 << 20

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from billing.meter import UsageMeter
+from gateway.adapters.cache import AdapterCache
 from gateway.auth import AuthWatcher, KeyCache
 from gateway.budgets import seed_budgets
 from gateway.deployments import DeploymentConfig, DeploymentRegistry, load_deployments_file
@@ -30,6 +31,7 @@ class GatewayState:
     db: AsyncEngine
     sessionmaker: async_sessionmaker[AsyncSession]
     keys: KeyCache
+    adapters: AdapterCache
     watcher: AuthWatcher
     limiter: Limiter
     deployments: DeploymentRegistry
@@ -51,6 +53,10 @@ class GatewayState:
             device=self.settings.embedded_device,
             kv_cache_memory=self.settings.embedded_kv_cache_memory,
             max_num_seqs=self.settings.embedded_max_num_seqs,
+            enable_lora=self.settings.embedded_enable_lora,
+            max_loras=self.settings.embedded_max_loras,
+            max_lora_rank=self.settings.embedded_max_lora_rank,
+            max_cpu_loras=self.settings.embedded_max_cpu_loras,
         ))
 
 
@@ -61,9 +67,11 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
     pepper = load_or_create_pepper(secret_key=settings.secret_key,
                                    secret_file=settings.secret_file)
     keys = KeyCache(sessionmaker, pepper, negative_size=settings.auth_negative_cache_size)
+    adapters = AdapterCache(sessionmaker, negative_size=settings.auth_negative_cache_size)
     state = GatewayState(
-        settings=settings, db=db, sessionmaker=sessionmaker, keys=keys,
-        watcher=AuthWatcher(keys, sessionmaker, interval_s=settings.auth_poll_interval_s),
+        settings=settings, db=db, sessionmaker=sessionmaker, keys=keys, adapters=adapters,
+        watcher=AuthWatcher([keys, adapters], sessionmaker,
+                            interval_s=settings.auth_poll_interval_s),
         limiter=make_limiter(redis_url=settings.redis_url, fail_open=settings.redis_fail_open,
                              timeout_s=settings.redis_timeout_s),
         deployments=DeploymentRegistry(),

@@ -64,6 +64,19 @@ class KeyContext:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterContext:
+    """A tenant's LoRA adapter as the hot path caches it (one lookup, then no queries)."""
+
+    id: str
+    tenant_id: str
+    name: str
+    base_model: str
+    path: str = field(repr=False)
+    alias: str | None
+    pinned: bool
+
+
+@dataclass(frozen=True, slots=True)
 class AdminContext:
     """An admin key as the admin API's auth check needs it."""
 

@@ -1,4 +1,4 @@
-"""Persisted tenancy models: plans, tenants, API keys, admin keys, auth version, usage.
+"""Persisted tenancy models: plans, tenants, API keys, admin keys, adapters, auth version, usage.
 
 These are storage shapes only. The hot path caches `tenancy.context` snapshots built from
 them, and the HTTP layer has its own pydantic schemas.
@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -144,6 +146,30 @@ class AdminKey(Base):
     secret_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+
+
+class Adapter(Base):
+    """A tenant's LoRA adapter for one base model. `path` is a folder on the server;
+    `uploaded` ones live under the gateway's adapter_dir and are deleted with the row.
+
+    Names are unique per tenant, and so are aliases (NULLs do not clash): lookups are always
+    scoped to the caller's tenant, so two tenants may use the same names.
+    """
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"), UniqueConstraint("tenant_id", "alias"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    tenant_id: Mapped[str] = mapped_column(
+        String(32), ForeignKey("tenants.id", ondelete="CASCADE")
+    )
+    name: Mapped[str] = mapped_column(String(200))
+    base_model: Mapped[str] = mapped_column(String(512))
+    path: Mapped[str] = mapped_column(String(4096))
+    alias: Mapped[str | None] = mapped_column(String(200))
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+    uploaded: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class AuthState(Base):

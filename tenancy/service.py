@@ -94,7 +94,7 @@ async def _bump_auth_version(session: AsyncSession) -> None:
         session.add(AuthState(id=AUTH_STATE_ID, version=1))
 
 
-async def _commit_mutation(session: AsyncSession, what: str) -> None:
+async def commit_mutation(session: AsyncSession, what: str) -> None:
     """Bump the version and commit; a unique/foreign-key violation becomes ConflictError."""
     try:
         await session.flush()  # constraint violations surface here, before the bump
@@ -108,7 +108,7 @@ async def _commit_mutation(session: AsyncSession, what: str) -> None:
 # --- validation ---------------------------------------------------------------------------
 
 
-def _check_name(name: str, what: str) -> str:
+def check_name(name: str, what: str) -> str:
     if not isinstance(name, str) or not name.strip():
         raise InvalidError(f"{what} name must be a non-empty string")
     name = name.strip()
@@ -149,7 +149,7 @@ def _check_period(value: str) -> str:
 
 def _check_plan_field(field: str, value: Any) -> Any:
     if field == "name":
-        return _check_name(value, "plan")
+        return check_name(value, "plan")
     if field == "budget_period":
         return _check_period(value)
     if field in ("allowed_models", "allowed_tiers"):
@@ -187,7 +187,7 @@ async def create_plan(
     if await get_plan_by_name(session, name=plan.name) is not None:
         raise ConflictError(f"a plan named {plan.name!r} already exists")
     session.add(plan)
-    await _commit_mutation(session, f"plan {plan.name!r}")
+    await commit_mutation(session, f"plan {plan.name!r}")
     return plan
 
 
@@ -207,7 +207,7 @@ async def update_plan(session: AsyncSession, *, plan_id: str, **fields: Any) -> 
             raise ConflictError(f"a plan named {new_name!r} already exists")
     for field, value in checked.items():
         setattr(plan, field, value)
-    await _commit_mutation(session, f"plan {plan.name!r}")
+    await commit_mutation(session, f"plan {plan.name!r}")
     return plan
 
 
@@ -232,14 +232,14 @@ async def get_plan_by_name(session: AsyncSession, *, name: str) -> Plan | None:
 
 async def create_tenant(session: AsyncSession, *, name: str, plan_id: str) -> Tenant:
     """Create an active tenant on a plan; NotFoundError for an unknown plan."""
-    name = _check_name(name, "tenant")
+    name = check_name(name, "tenant")
     if await session.get(Plan, plan_id) is None:
         raise NotFoundError(f"no plan with id {plan_id!r}")
     if await get_tenant_by_name(session, name=name) is not None:
         raise ConflictError(f"a tenant named {name!r} already exists")
     tenant = Tenant(name=name, plan_id=plan_id, status="active")
     session.add(tenant)
-    await _commit_mutation(session, f"tenant {name!r}")
+    await commit_mutation(session, f"tenant {name!r}")
     return tenant
 
 
@@ -278,7 +278,7 @@ async def update_tenant(
         tenant.plan_id = plan_id
     if status is not None:
         tenant.status = status
-    await _commit_mutation(session, f"tenant {tenant.name!r}")
+    await commit_mutation(session, f"tenant {tenant.name!r}")
     return tenant
 
 
@@ -327,7 +327,7 @@ async def create_api_key(
         allowed_adapters=_check_names(allowed_adapters, "allowed_adapters"),
     )
     session.add(record)
-    await _commit_mutation(session, f"key {record.id!r}")
+    await commit_mutation(session, f"key {record.id!r}")
     return record, generated.full
 
 
@@ -357,7 +357,7 @@ async def revoke_api_key(
     if key is None or key.revoked_at is not None:
         return key
     key.revoked_at = utcnow()
-    await _commit_mutation(session, f"key {key_id!r}")
+    await commit_mutation(session, f"key {key_id!r}")
     return key
 
 
@@ -375,7 +375,7 @@ async def create_admin_key(
         secret_hash=hash_secret(pepper, generated.secret),
     )
     session.add(record)
-    await _commit_mutation(session, f"admin key {record.id!r}")
+    await commit_mutation(session, f"admin key {record.id!r}")
     return record, generated.full
 
 
@@ -399,7 +399,7 @@ async def revoke_admin_key(session: AsyncSession, *, key_id: str) -> AdminKey | 
     if key is None or key.revoked_at is not None:
         return key
     key.revoked_at = utcnow()
-    await _commit_mutation(session, f"admin key {key_id!r}")
+    await commit_mutation(session, f"admin key {key_id!r}")
     return key
 
 

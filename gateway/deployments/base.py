@@ -1,4 +1,5 @@
-"""What every deployment offers the request path: prepare, complete, stream."""
+"""What every deployment offers the request path: prepare, complete, stream; and, where it
+can apply tenants' LoRA adapters, loading and unloading them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,25 @@ class UpstreamFailure(Exception):
         self.retry_after = retry_after
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterRef:
+    """A tenant's adapter as a deployment loads it.
+
+    `engine_name` is built server-side from the authenticated tenant id and the adapter name
+    (`engine_adapter_name`), never taken from the client, so tenants cannot reach each other's
+    adapters in a shared engine. `adapter_id` tells a re-created adapter of the same name from
+    an old registration."""
+
+    adapter_id: str
+    engine_name: str
+    path: str
+    pinned: bool = False
+
+
+def engine_adapter_name(tenant_id: str, name: str) -> str:
+    return f"{tenant_id}/{name}"
+
+
 @dataclass
 class Call:
     """One validated call on one deployment, with the numbers admission needs."""
@@ -37,6 +57,7 @@ class Call:
     max_output_tokens: int
     usage: Usage = field(default_factory=Usage)
     native: Any = None  # the deployment's own prepared form
+    adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
 
 
@@ -58,11 +79,30 @@ class Deployment(ABC):
         """Load signals for /health (queue depth, KV use) where the deployment knows them."""
         return {}
 
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether this deployment can apply tenants' LoRA adapters (HTTP upstreams cannot)."""
+        return False
+
+    async def load_adapter(self, adapter: AdapterRef, *, force: bool = False) -> None:
+        """Register the adapter unless it already is (`force`: register again, e.g. to pin)."""
+        raise NotImplementedError(f"deployment {self.name!r} serves no adapters")
+
+    async def unload_adapter(self, engine_name: str, *, wait_s: float = 0.0) -> None:
+        """Unregister; AdapterBusyError if requests still use it after `wait_s`."""
+        raise NotImplementedError(f"deployment {self.name!r} serves no adapters")
+
+    async def adapter_tiers(self) -> dict[str, str]:
+        """Engine name -> where each registered adapter lives ("device", "cpu", "disk")."""
+        return {}
+
     @abstractmethod
-    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                adapter: AdapterRef | None = None) -> Call:
         """Validate and count tokens; raise APIError(400) for what this deployment refuses.
 
-        `tenant_id` scopes anything shared between requests (the engine's prefix cache)."""
+        `tenant_id` scopes anything shared between requests (the engine's prefix cache);
+        `adapter` is the caller's own adapter, only ever given where `serves_adapters`."""
 
     @abstractmethod
     async def complete(self, call: Call, *, request_id: str) -> bytes:

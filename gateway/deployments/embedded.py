@@ -1,12 +1,20 @@
-"""The engine running inside the gateway process (the embedded default of `make serve`)."""
+"""The engine running inside the gateway process (the embedded default of `make serve`).
+
+With LoRA enabled it serves tenants' adapters too. Adapters are registered with the engine
+lazily, on first use (or when an admin loads one), and this deployment remembers what it
+registered, so a request costs no `add_lora` once its adapter is in; concurrent first requests
+share one registration.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
-from gateway.deployments.base import Call, Deployment
+from gateway.deployments.base import AdapterRef, Call, Deployment
 from gateway.deployments.config import DeploymentConfig
 from gateway.errors import APIError, bad_request, unavailable
 from gateway.schemas.openai import OpenAIRequest
@@ -14,6 +22,9 @@ from workers.async_engine import AsyncLLMEngine, EngineDeadError
 from workers.client import EmbeddedClient, PreparedCall
 from workers.engine.sampling_params import InvalidRequestError
 from workers.llm_engine import EngineOverloadedError
+from workers.lora.manager import AdapterBusyError, UnknownAdapterError
+
+logger = logging.getLogger(__name__)
 
 
 class EmbeddedDeployment(Deployment):
@@ -21,6 +32,8 @@ class EmbeddedDeployment(Deployment):
         super().__init__(config)
         self.engine = engine
         self.client = EmbeddedClient(engine, config.model_name)
+        self._adapters: dict[str, str] = {}  # engine name -> adapter id it was registered as
+        self._adapter_locks: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         await self.engine.start()  # loads the model unless the engine came loaded
@@ -31,24 +44,59 @@ class EmbeddedDeployment(Deployment):
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
-    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
+    @property
+    def serves_adapters(self) -> bool:
+        engine = self.engine.engine
+        return engine is not None and engine.loras is not None
+
+    async def load_adapter(self, adapter: AdapterRef, *, force: bool = False) -> None:
+        name = adapter.engine_name
+        if not force and self._adapters.get(name) == adapter.adapter_id:
+            return
+        async with self._adapter_locks.setdefault(name, asyncio.Lock()):
+            registered = self._adapters.get(name)
+            if registered == adapter.adapter_id and not force:
+                return  # a concurrent first request registered it meanwhile
+            if registered is not None and registered != adapter.adapter_id:
+                # The name was deleted and registered again (say, through another replica).
+                await self.engine.remove_lora(name)
+                del self._adapters[name]
+            await self.engine.add_lora(name, adapter.path, pinned=adapter.pinned)
+            self._adapters[name] = adapter.adapter_id
+
+    async def unload_adapter(self, engine_name: str, *, wait_s: float = 0.0) -> None:
+        async with self._adapter_locks.setdefault(engine_name, asyncio.Lock()):
+            await self.engine.remove_lora(engine_name, wait_s=wait_s)
+            self._adapters.pop(engine_name, None)
+            self._adapter_locks.pop(engine_name, None)
+
+    async def adapter_tiers(self) -> dict[str, str]:
+        if not self.serves_adapters:
+            return {}
+        return {status.name: status.tier for status in await self.engine.list_loras()}
+
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                adapter: AdapterRef | None = None) -> Call:
         body = request.upstream_body()
         try:
             salt = None if self.config.shared_prefix_cache else tenant_id
-            prepared = self.client.prepare(body, chat=chat, cache_salt=salt)
+            prepared = self.client.prepare(
+                body, chat=chat, cache_salt=salt, model=request.model,
+                lora=None if adapter is None else adapter.engine_name)
         except InvalidRequestError as exc:
             raise bad_request(str(exc), param=exc.param, code=exc.code) from None
         return Call(request, chat, prompt_tokens=prepared.usage.prompt_tokens,
                     max_output_tokens=prepared.max_output_tokens, usage=prepared.usage,
-                    native=prepared)
+                    native=prepared, adapter=adapter)
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
         native: PreparedCall = call.native
         started = time.perf_counter()
         try:
+            await self._ensure_adapter(call)
             response = await self.client.complete(native, request_id=request_id)
         except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
-            raise _api_error(exc) from None
+            raise _api_error(exc, call) from None
         finally:
             call.upstream_s += time.perf_counter() - started
         return json.dumps(response, separators=(",", ":")).encode()
@@ -57,16 +105,34 @@ class EmbeddedDeployment(Deployment):
         native: PreparedCall = call.native
         started = time.perf_counter()
         try:
+            await self._ensure_adapter(call)
             return await self.client.open_stream(
                 native, request_id=request_id, include_usage=call.request.include_usage
             )
         except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
-            raise _api_error(exc) from None
+            raise _api_error(exc, call) from None
         finally:
             call.upstream_s += time.perf_counter() - started
 
+    async def _ensure_adapter(self, call: Call) -> None:
+        """Before dispatch: the caller's adapter is registered (a no-op once it is)."""
+        if call.adapter is None:
+            return
+        try:
+            await self.load_adapter(call.adapter)
+        except (InvalidRequestError, AdapterBusyError, OSError) as exc:
+            # Server-side trouble (files gone, corrupt, replaced while busy): log the details,
+            # which name server paths, and tell the caller only that the model is unavailable.
+            logger.error("adapter %s could not be loaded from %s: %s",
+                         call.adapter.engine_name, call.adapter.path, exc)
+            raise unavailable(f"The model '{call.request.model}' could not be loaded; "
+                              "retry later.", code="adapter_unavailable") from None
 
-def _api_error(exc: Exception) -> APIError:
+
+def _api_error(exc: Exception, call: Call) -> APIError:
+    if isinstance(exc, UnknownAdapterError):  # being unloaded right now
+        return unavailable(f"The model '{call.request.model}' is being unloaded; retry later.",
+                           code="adapter_unavailable")
     if isinstance(exc, InvalidRequestError):
         return bad_request(str(exc), param=exc.param, code=exc.code)
     if isinstance(exc, EngineOverloadedError):

@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 
-from gateway.deployments.base import Call, Deployment, UpstreamFailure
+from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
-from gateway.errors import APIError, bad_request
+from gateway.errors import APIError, bad_request, model_not_found
 from gateway.schemas.openai import OpenAIRequest
 
 PASSTHROUGH_STATUSES = (400, 413, 422)
@@ -35,7 +35,10 @@ class HttpDeployment(Deployment):
             self._headers["authorization"] = f"Bearer {secret}"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
 
-    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str) -> Call:
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                adapter: AdapterRef | None = None) -> Call:
+        if adapter is not None:  # resolve never routes adapters here; refuse rather than drop
+            raise model_not_found(request.model)
         count = len(request.messages) if chat else 1  # type: ignore[union-attr]
         prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
         window = self.config.context_window

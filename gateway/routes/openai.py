@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.deps import StateDep, TenantDep
+from gateway.deps import SessionDep, StateDep, TenantDep
 from gateway.errors import model_not_found
 from gateway.request_path import serve_completion
 from gateway.state import GatewayState
+from tenancy import adapters as adapter_rows
 from tenancy.context import KeyContext
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -25,16 +27,17 @@ async def completions(request: Request) -> Response:
 
 
 @router.get("/models")
-async def list_models(key: TenantDep, state: StateDep) -> JSONResponse:
-    """Only the models this key may use."""
-    return JSONResponse({"object": "list", "data": [
-        _model(name) for name in usable_models(state, key)
-    ]})
+async def list_models(key: TenantDep, state: StateDep, session: SessionDep) -> JSONResponse:
+    """Only the models this key may use: deployments, then the tenant's own adapters."""
+    names = usable_models(state, key) + await usable_adapters(state, session, key)
+    return JSONResponse({"object": "list", "data": [_model(name) for name in names]})
 
 
 @router.get("/models/{model:path}")
-async def get_model(model: str, key: TenantDep, state: StateDep) -> JSONResponse:
-    if model not in usable_models(state, key):
+async def get_model(model: str, key: TenantDep, state: StateDep,
+                    session: SessionDep) -> JSONResponse:
+    if model not in usable_models(state, key) and model not in await usable_adapters(
+            state, session, key):
         raise model_not_found(model)
     return JSONResponse(_model(model))
 
@@ -45,6 +48,22 @@ def usable_models(state: GatewayState, key: KeyContext) -> list[str]:
         if key.may_use_model(name) and any(key.may_use_tier(t)
                                            for t in state.deployments.tiers(name))
     ]
+
+
+async def usable_adapters(state: GatewayState, session: AsyncSession, key: KeyContext
+                          ) -> list[str]:
+    """The tenant's adapters the key may use, as "<base>:<name>" and by alias, where the key
+    may use the base model and a deployment of it serves adapters."""
+    bases = {name for name in usable_models(state, key) if any(
+        d.serves_adapters and key.may_use_tier(d.config.tier)
+        for d in state.deployments.route(name))}
+    names: list[str] = []
+    for adapter in await adapter_rows.list_adapters(session, tenant_id=key.tenant_id):
+        if adapter.base_model in bases and key.may_use_adapter(adapter.name):
+            names.append(f"{adapter.base_model}:{adapter.name}")
+            if adapter.alias is not None:
+                names.append(adapter.alias)
+    return names
 
 
 def _model(name: str) -> dict[str, object]:

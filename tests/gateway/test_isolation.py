@@ -19,6 +19,8 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
+from tenancy import adapters as adapter_rows
+from tenancy.db import make_engine, make_sessionmaker
 from tests.gateway.support import (
     admin_key,
     bearer,
@@ -39,7 +41,9 @@ KEY_FIELDS = {"id", "tenant_id", "name", "created_at", "expires_at", "revoked_at
 TENANT_ROUTES = {
     ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
     ("GET", "/v1/models/{model}"), ("GET", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
-    ("GET", "/v1/usage"),
+    ("GET", "/v1/usage"), ("POST", "/v1/adapters/upload"), ("GET", "/v1/adapters"),
+    ("POST", "/v1/adapters/{name}/load"), ("POST", "/v1/adapters/{name}/unload"),
+    ("DELETE", "/v1/adapters/{name}"),
 }
 PUBLIC_ROUTES = {("GET", "/health")}
 
@@ -227,6 +231,53 @@ async def test_cannot_revoke_another_tenants_key(world):
     assert ok(await a["initech-main"].request("DELETE", f"/v1/keys/{spare}"))["revoked_at"]
     assert_error(await a["initech-spare"].chat(MOCK), 401, code="invalid_api_key")
     ok(await a["initech-main"].chat(MOCK))
+
+
+# --- adapters -----------------------------------------------------------------------------
+# (With the real engine, outputs and uploads included: tests/gateway/test_adapters.py.)
+
+
+async def test_another_tenants_adapter_does_not_exist(world, db_url):
+    b_tenant = world.b.tenant_id
+    engine = make_engine(db_url)
+    try:
+        async with make_sessionmaker(engine)() as session:
+            await adapter_rows.create_adapter(
+                session, tenant_id=b_tenant, name="umbrella-adapter", base_model=MOCK,
+                path="/srv/umbrella-adapter", alias="umbrella-alias")
+    finally:
+        await engine.dispose()
+    await world.app.state.gateway.watcher.catch_up()
+    secret_bits = {"umbrella-alias", "/srv/umbrella-adapter"}
+    for caller in world.a.callers.values():
+        caller.hidden |= secret_bits
+    a = world.a.callers["initech-main"]
+
+    async def same_as_unknown(method: str, template: str, name: str, **kwargs: Any) -> None:
+        found = await a.request(method, template.format(name), **kwargs)
+        missing = await a.request(method, template.format("zzzz"), **kwargs)
+        assert assert_error(found, 404)["message"] == assert_error(missing, 404)[
+            "message"].replace("zzzz", name)
+
+    for model in (f"{MOCK}:umbrella-adapter", "umbrella-alias"):
+        r = await a.chat(model)
+        assert assert_error(r, 404, code="model_not_found")["message"] == assert_error(
+            await a.chat(f"{MOCK}:zzzz"), 404)["message"].replace(f"{MOCK}:zzzz", model)
+        assert_error(await a.request("GET", f"/v1/models/{model}"), 404, code="model_not_found")
+    await same_as_unknown("POST", "/v1/adapters/{}/load", "umbrella-adapter")
+    await same_as_unknown("POST", "/v1/adapters/{}/unload", "umbrella-adapter")
+    await same_as_unknown("DELETE", "/v1/adapters/{}", "umbrella-adapter")
+    assert ok(await a.request("GET", "/v1/adapters")) == []
+    assert await a.models() == [MOCK]
+
+    # B sees its own adapter, which no HTTP upstream can serve.
+    b = world.b.callers["umbrella-main"]
+    listed = ok(await b.request("GET", "/v1/adapters"))
+    assert [(x["name"], x["residency"]) for x in listed] == [("umbrella-adapter", "unloaded")]
+    assert_error(await b.chat(f"{MOCK}:umbrella-adapter"), 404, code="model_not_found")
+    assert f"{MOCK}:umbrella-adapter" not in await b.models()
+    r = await b.request("POST", "/v1/adapters/umbrella-adapter/load")
+    assert "serves adapters" in assert_error(r, 400)["message"]
 
 
 # --- usage --------------------------------------------------------------------------------

@@ -15,7 +15,9 @@ from tenancy.db import make_engine
 from tenancy.migrate import MIGRATIONS_DIR, alembic_config, downgrade, upgrade
 from tenancy.models import Base
 
-TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records"}
+TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
+          "adapters"}
+HEAD = "0002"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -49,7 +51,7 @@ def _diff(conn: Connection) -> list[Any]:
 
 def test_there_is_a_single_head() -> None:
     script = ScriptDirectory.from_config(alembic_config("sqlite+aiosqlite://"))
-    assert script.get_heads() == ["0001"]
+    assert script.get_heads() == [HEAD]
     assert (MIGRATIONS_DIR / "env.py").is_file()
 
 
@@ -65,7 +67,7 @@ async def test_upgrade_downgrade_upgrade(blank_db_url: str) -> None:
         "ix_usage_records_tenant_id_created_at",
     } <= await _inspect(blank_db_url, _indexes)
     rows, revision = await _inspect(blank_db_url, _state)
-    assert rows == [(1, 0)] and revision == "0001"
+    assert rows == [(1, 0)] and revision == HEAD
 
     await asyncio.to_thread(downgrade, blank_db_url)
     assert await _inspect(blank_db_url, _tables) <= {"alembic_version"}
@@ -73,11 +75,25 @@ async def test_upgrade_downgrade_upgrade(blank_db_url: str) -> None:
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _tables) == TABLES | {"alembic_version"}
     rows, revision = await _inspect(blank_db_url, _state)
-    assert rows == [(1, 0)] and revision == "0001"
+    assert rows == [(1, 0)] and revision == HEAD
 
     # Upgrading an up-to-date database is a no-op.
     await asyncio.to_thread(upgrade, blank_db_url)
+    assert (await _inspect(blank_db_url, _state))[1] == HEAD
+
+
+async def test_adapters_migration_steps_alone(blank_db_url: str) -> None:
+    """0002 alone: up from 0001, down to 0001 (dropping only adapters), up again."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0001")
+    assert await _inspect(blank_db_url, _tables) == (TABLES - {"adapters"}) | {"alembic_version"}
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert "adapters" in await _inspect(blank_db_url, _tables)
+    await asyncio.to_thread(downgrade, blank_db_url, "0001")
+    tables = await _inspect(blank_db_url, _tables)
+    assert "adapters" not in tables and "tenants" in tables
     assert (await _inspect(blank_db_url, _state))[1] == "0001"
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert (await _inspect(blank_db_url, _state))[1] == HEAD
 
 
 async def test_migration_matches_the_models(blank_db_url: str) -> None:
@@ -107,6 +123,7 @@ def test_offline_sql_renders_for_postgres(capsys) -> None:
     sql = capsys.readouterr().out
     assert "CREATE TABLE plans" in sql and "TIMESTAMP WITH TIME ZONE" in sql
     assert "INSERT INTO auth_state" in sql
+    assert "CREATE TABLE adapters" in sql and "uq_adapters_tenant_id_alias" in sql
 
 
 async def test_upgrade_on_a_caller_provided_connection(blank_db_url: str) -> None:
