@@ -114,6 +114,25 @@ async def gateway_client(cfg: Settings, **kwargs: Any) -> AsyncIterator[httpx.As
         yield client
 
 
+def ok(response: httpx.Response, status: int = 200) -> Any:
+    """The JSON of a response that must have `status`; the body is the failure message."""
+    assert response.status_code == status, response.text
+    return response.json()
+
+
+def assert_error(response: httpx.Response, status: int, *, code: str | None = None
+                 ) -> dict[str, Any]:
+    """An error in OpenAI's shape, with a message and the request id; returns the error."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    if code is not None:
+        assert error["code"] == code, error
+    assert response.headers["x-request-id"]
+    return error
+
+
 def bearer(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 

@@ -27,9 +27,11 @@ from gateway.app import create_app
 from tests.gateway.support import (
     Seeded,
     admin_key,
+    assert_error,
     bearer,
     gateway_client,
     in_process,
+    ok,
     seed_tenant,
     settings,
 )
@@ -126,22 +128,6 @@ async def world(sqlite_url, tmp_path, tiny_llama_path) -> AsyncIterator[World]:
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def ok(response: httpx.Response, status: int = 200) -> Any:
-    assert response.status_code == status, response.text
-    return response.json()
-
-
-def assert_error(response: httpx.Response, status: int, *, code: str | None = None
-                 ) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    if code is not None:
-        assert error["code"] == code, error
-    return error
 
 
 def peft_files(folder: Path) -> dict[str, tuple[str, bytes]]:

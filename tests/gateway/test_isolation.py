@@ -23,10 +23,12 @@ from tenancy import adapters as adapter_rows
 from tenancy.db import make_engine, make_sessionmaker
 from tests.gateway.support import (
     admin_key,
+    assert_error,
     bearer,
     gateway_client,
     in_process,
     mock_deployment,
+    ok,
     seed_tenant,
     settings,
     write_deployments,
@@ -144,20 +146,8 @@ async def world(db_url, tmp_path, mock_upstream) -> AsyncIterator[World]:
         yield World(app, client, admin, a, b)
 
 
-def ok(response: httpx.Response, status: int = 200) -> Any:
-    assert response.status_code == status, response.text
-    return response.json()
 
 
-def assert_error(response: httpx.Response, status: int, *, code: str | None = None
-                 ) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    if code is not None:
-        assert error["code"] == code, error
-    assert response.headers["x-request-id"]
-    return error
 
 
 # --- models -------------------------------------------------------------------------------
