@@ -161,9 +161,8 @@ class LLMEngine:
         lora: str | None = None,
     ) -> PreparedRequest:
         """Tokenize and validate without touching engine state (safe from any thread)."""
-        if lora is not None and self.loras is None:
-            raise InvalidRequestError("this engine does not serve LoRA adapters (enable_lora)",
-                                      param="model")
+        if lora is not None:
+            self._require_loras()
         if params.n > self.scheduler.config.max_num_seqs:
             raise InvalidRequestError(
                 f"n={params.n} exceeds max_num_seqs={self.scheduler.config.max_num_seqs}"
@@ -184,20 +183,17 @@ class LLMEngine:
         metrics = RequestMetrics(
             arrival_time=arrival_time or time.monotonic(), num_prompt_tokens=len(token_ids)
         )
-        entry = None
-        if prepared.lora is not None:
-            if self.loras is None:
-                raise InvalidRequestError("this engine does not serve LoRA adapters")
-            entry = self.loras.get(prepared.lora)
+        loras = self._require_loras() if prepared.lora is not None else None
+        entry = loras.get(prepared.lora) if loras and prepared.lora else None
         request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
                            prepared.cache_salt, entry.lora_id if entry else None)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
-        if entry is not None and self.loras is not None:
-            self.loras.acquire(entry)
+        if loras is not None and entry is not None:
+            loras.acquire(entry)
             if entry.adapter is None:  # evicted to disk: wait for the read, off the queue
-                entry.parked.append(seq)
+                loras.park(entry, seq)
                 return
         self.scheduler.add(seq)
 
@@ -222,7 +218,7 @@ class LLMEngine:
         loras = self._require_loras()
         if adapter is None:
             adapter = self.runner.read_adapter(name, path)
-        loras.add(name, path, adapter, pinned=pinned)
+        loras.add(name, path, pinned=pinned)
         self.put_lora(name, adapter)
 
     def remove_lora(self, name: str, *, drain: bool = False) -> bool:
@@ -260,11 +256,11 @@ class LLMEngine:
 
     def fail_lora(self, name: str) -> list[str]:
         """The adapter could not be read back: abort its parked requests; their ids."""
-        entry = self._require_loras().entries.get(name)
+        loras = self._require_loras()
+        entry = loras.entries.get(name)
         if entry is None:
             return []
-        ids = [seq.request_id for seq in entry.parked]
-        entry.parked = []
+        ids = [seq.request_id for seq in loras.unpark(entry)]
         for request_id in ids:
             self.abort_request(request_id)
         return ids
@@ -274,13 +270,14 @@ class LLMEngine:
             return
         entry = self.loras.by_id.get(request.lora_id)
         if entry is not None:
-            entry.parked = [s for s in entry.parked if s.request_id != request.request_id]
+            self.loras.unpark(entry, request.request_id)
         self.loras.release(request.lora_id)
         request.lora_id = None
 
     def _require_loras(self) -> LoRAManager:
         if self.loras is None:
-            raise InvalidRequestError("this engine does not serve LoRA adapters (enable_lora)")
+            raise InvalidRequestError("this engine does not serve LoRA adapters (enable_lora)",
+                                      param="model")
         return self.loras
 
     def _read_parked_adapters(self) -> None:

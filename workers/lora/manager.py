@@ -66,6 +66,7 @@ class LoRAManager:
         self.slots: list[int | None] = [None] * max_loras
         self._slot_lru: OrderedDict[int, None] = OrderedDict.fromkeys(range(max_loras))
         self._cpu_lru: OrderedDict[str, None] = OrderedDict()
+        self._awaiting_read: dict[str, AdapterEntry] = {}  # adapters with parked requests
         self._ids = itertools.count(1)
         self.num_device_loads = 0
         self.num_device_evictions = 0
@@ -73,23 +74,18 @@ class LoRAManager:
 
     # ---- registration ---------------------------------------------------------------------
 
-    def add(self, name: str, path: str, adapter: Any, *, pinned: bool = False) -> AdapterEntry:
-        """Register (idempotent for the same path); `adapter` is the freshly read CPU copy."""
+    def add(self, name: str, path: str, *, pinned: bool = False) -> AdapterEntry:
+        """Register (idempotent for the same path); the caller then hands over the CPU copy
+        with `put_cpu`."""
         entry = self.entries.get(name)
-        if entry is not None:
-            if entry.path != path:
-                raise InvalidRequestError(
-                    f"adapter {name!r} is already loaded from another path; unload it first")
-            if entry.adapter is None:
-                self.put_cpu(entry, adapter)
-            if pinned and not entry.pinned:
-                self._pin(entry)
-            return entry
-        entry = AdapterEntry(name, next(self._ids), path)
-        self.entries[name] = entry
-        self.by_id[entry.lora_id] = entry
-        self.put_cpu(entry, adapter)
-        if pinned:
+        if entry is None:
+            entry = AdapterEntry(name, next(self._ids), path)
+            self.entries[name] = entry
+            self.by_id[entry.lora_id] = entry
+        elif entry.path != path:
+            raise InvalidRequestError(
+                f"adapter {name!r} is already loaded from another path; unload it first")
+        if pinned and not entry.pinned:
             self._pin(entry)
         return entry
 
@@ -105,6 +101,7 @@ class LoRAManager:
         del self.by_id[entry.lora_id]
         self.pinned_ids.discard(entry.lora_id)
         self._cpu_lru.pop(name, None)
+        self._awaiting_read.pop(name, None)
         slot = self.slot_of.pop(entry.lora_id, None)
         if slot is not None:
             self.slots[slot] = None
@@ -140,18 +137,33 @@ class LoRAManager:
         if entry is not None and entry.num_requests > 0:
             entry.num_requests -= 1
 
+    def park(self, entry: AdapterEntry, seq: Sequence) -> None:
+        """Hold a request of an adapter that is only on disk until its copy is read."""
+        entry.parked.append(seq)
+        self._awaiting_read[entry.name] = entry
+
+    def unpark(self, entry: AdapterEntry, request_id: str | None = None) -> list[Sequence]:
+        """Take back the parked sequences (of one request, or all); they are returned."""
+        if request_id is None:
+            taken, entry.parked = entry.parked, []
+        else:
+            taken = [s for s in entry.parked if s.request_id == request_id]
+            entry.parked = [s for s in entry.parked if s.request_id != request_id]
+        if not entry.parked:
+            self._awaiting_read.pop(entry.name, None)
+        return taken
+
     def put_cpu(self, entry: AdapterEntry, adapter: Any) -> list[Sequence]:
         """Hold a CPU copy; returns the sequences that were parked waiting for it."""
         entry.adapter = adapter
         self._cpu_lru[entry.name] = None
         self._cpu_lru.move_to_end(entry.name)
         self._evict_cpu()
-        parked, entry.parked = entry.parked, []
-        return parked
+        return self.unpark(entry)
 
     def pending_reads(self) -> list[tuple[str, str]]:
         """(name, path) of adapters whose parked requests wait for a disk read."""
-        return [(e.name, e.path) for e in self.entries.values() if e.parked and e.adapter is None]
+        return [(e.name, e.path) for e in self._awaiting_read.values()]
 
     def _evict_cpu(self) -> None:
         for name in list(self._cpu_lru):

@@ -40,17 +40,6 @@ class LoRASegments:
     runs: tuple[tuple[int, int, int], ...]
 
     @classmethod
-    def from_rows(cls, slots_per_row: list[int]) -> LoRASegments:
-        runs: list[tuple[int, int, int]] = []
-        start = 0
-        for i in range(1, len(slots_per_row) + 1):
-            if i == len(slots_per_row) or slots_per_row[i] != slots_per_row[start]:
-                if slots_per_row[start] != NO_ADAPTER:
-                    runs.append((slots_per_row[start], start, i))
-                start = i
-        return cls(tuple(runs))
-
-    @classmethod
     def from_lengths(cls, slot_lengths: list[tuple[int, int]]) -> LoRASegments:
         """From (slot, number of rows) per chunk, in row order; equal neighbours merge."""
         runs: list[tuple[int, int, int]] = []

@@ -11,8 +11,13 @@ from workers.lora.manager import AdapterBusyError, LoRAManager, UnknownAdapterEr
 def manager(max_loras: int = 2, max_cpu_loras: int = 3, count: int = 4) -> LoRAManager:
     m = LoRAManager(max_loras=max_loras, max_cpu_loras=max_cpu_loras)
     for i in range(count):
-        m.add(f"a{i}", f"/adapters/a{i}", f"weights-{i}")
+        add(m, f"a{i}")
     return m
+
+
+def add(m: LoRAManager, name: str, *, pinned: bool = False) -> None:
+    """Register and hand over a (stand-in) CPU copy, as the engine does."""
+    m.put_cpu(m.add(name, f"/adapters/{name}", pinned=pinned), f"weights-{name[1:]}")
 
 
 def ids(m: LoRAManager, *names: str) -> list[int]:
@@ -34,7 +39,7 @@ def test_slots_are_assigned_lru_and_copies_reported():
 def test_running_and_pinned_adapters_keep_their_slots():
     m = manager(max_loras=3, max_cpu_loras=4)
     a0, a1, a2, a3 = ids(m, "a0", "a1", "a2", "a3")
-    m.add("a0", "/adapters/a0", "weights-0", pinned=True)  # idempotent, now pinned
+    m.add("a0", "/adapters/a0", pinned=True)  # idempotent, now pinned
     m.assign_slots({a0, a1, a2}, {a0, a1, a2})
     m.assign_slots({a1}, {a1, a2})  # a0 is idle but pinned, a2 running, a1 just used
     # the only slot that may go is... none of a0 (pinned) or a2 (running): a1's
@@ -46,13 +51,13 @@ def test_cpu_tier_evicts_idle_copies_only():
     m = manager(max_loras=1, max_cpu_loras=2, count=2)
     (a0,) = ids(m, "a0")
     m.acquire(m.entries["a0"])  # a request in flight holds a0's copy
-    m.add("a2", "/adapters/a2", "weights-2")
+    add(m, "a2")
     assert m.entries["a0"].adapter == "weights-0"
     assert m.entries["a1"].adapter is None and m.num_cpu_evictions == 1
     assert [s.tier for s in m.status()] == ["cpu", "disk", "cpu"]
     m.release(a0)
     m.assign_slots({m.entries["a2"].lora_id}, set())
-    m.add("a3", "/adapters/a3", "weights-3")
+    add(m, "a3")
     assert m.entries["a0"].adapter is None  # idle and not on the device: it goes first
     assert m.entries["a2"].adapter == "weights-2"  # on the device: its copy stays
 
@@ -61,24 +66,24 @@ def test_parked_requests_wait_for_the_read():
     m = manager(max_loras=1, max_cpu_loras=1, count=2)
     entry = m.entries["a0"]
     assert entry.adapter is None
-    entry.parked.append("seq")  # type: ignore[arg-type]
+    m.park(entry, "seq")  # type: ignore[arg-type]
     assert m.pending_reads() == [("a0", "/adapters/a0")]
     assert m.put_cpu(entry, "weights-0") == ["seq"]
-    assert m.pending_reads() == []
+    assert m.pending_reads() == [] and entry.parked == []
 
 
 def test_registration_errors():
     m = manager(max_loras=2)
     with pytest.raises(InvalidRequestError, match="another path"):
-        m.add("a0", "/elsewhere", "w")
+        m.add("a0", "/elsewhere")
     with pytest.raises(UnknownAdapterError, match="'zz' is not loaded"):
         m.get("zz")
     m.acquire(m.entries["a1"])
     with pytest.raises(AdapterBusyError, match="1 requests in flight"):
         m.remove("a1")
     m.remove("nope")  # unknown: nothing to do
-    m.add("p", "/p", "w", pinned=True)
+    add(m, "p", pinned=True)
     with pytest.raises(InvalidRequestError, match="pinning leaves fewer than one"):
-        m.add("a2", "/adapters/a2", "w", pinned=True)
+        add(m, "a2", pinned=True)
     with pytest.raises(ValueError, match="max_cpu_loras >= max_loras"):
         LoRAManager(max_loras=4, max_cpu_loras=2)

@@ -27,14 +27,18 @@ def make_slots(num_slots: int) -> LoRASlots:
                      dtype=torch.float32, device=torch.device("cpu"))
 
 
-def test_segments_from_rows_and_lengths():
-    rows = [0, 0, NO_ADAPTER, 2, 2, 2, 0, NO_ADAPTER, NO_ADAPTER, 1]
+def per_row(rows: list[int]) -> LoRASegments:
+    """Segments of rows given one slot per row (each row its own chunk)."""
+    return LoRASegments.from_lengths([(slot, 1) for slot in rows])
+
+
+def test_segments_merge_equal_neighbours_and_skip_base_rows():
     expected = ((0, 0, 2), (2, 3, 6), (0, 6, 7), (1, 9, 10))
-    assert LoRASegments.from_rows(rows).runs == expected
+    assert per_row([0, 0, NO_ADAPTER, 2, 2, 2, 0, NO_ADAPTER, NO_ADAPTER, 1]).runs == expected
     assert LoRASegments.from_lengths(
-        [(0, 1), (0, 1), (NO_ADAPTER, 1), (2, 3), (0, 1), (NO_ADAPTER, 2), (1, 1)]
+        [(0, 2), (NO_ADAPTER, 1), (2, 1), (2, 2), (0, 1), (NO_ADAPTER, 2), (1, 1)]
     ).runs == expected
-    assert LoRASegments.from_rows([]).runs == ()
+    assert LoRASegments.from_lengths([]).runs == ()
     assert LoRASegments.from_lengths([(NO_ADAPTER, 3)]).runs == ()
 
 
@@ -46,7 +50,7 @@ def test_mixed_batch_equals_each_row_alone():
     for slot, adapter in enumerate(adapters):
         slots.load(slot, adapter)
     rows = [0, 0, 1, NO_ADAPTER, 2, 1, 1, NO_ADAPTER, 0]
-    segments = LoRASegments.from_rows(rows)
+    segments = per_row(rows)
     for packed, members in PACKED.items():
         in_features = SHAPES[members[0]].in_features
         widths = [SHAPES[m].out_features for m in members]
@@ -71,9 +75,9 @@ def test_reloading_a_slot_leaves_no_trace():
     slots.load(0, small)
     assert slots.slot_names == ["small"]
     x = torch.randn(3, 32)
-    out = slots.apply(torch.zeros(3, 96), x, 0, "gate_up_proj", LoRASegments.from_rows([0] * 3))
+    out = slots.apply(torch.zeros(3, 96), x, 0, "gate_up_proj", per_row([0] * 3))
     assert torch.count_nonzero(out) == 0  # the old adapter's gate/up are gone
-    out = slots.apply(torch.zeros(3, 80), x, 0, "qkv_proj", LoRASegments.from_rows([0] * 3))
+    out = slots.apply(torch.zeros(3, 80), x, 0, "qkv_proj", per_row([0] * 3))
     assert torch.count_nonzero(out[:, 48:]) == 0  # k and v too; q is the new adapter's
     assert torch.count_nonzero(out[:, :48]) > 0
 
@@ -92,7 +96,7 @@ def test_batched_decode_rows_equal_per_segment_matmuls():
     assert batch.batched.width == 3
     assert batch.segments.runs == ((3, 7, 13), (1, 17, 22))
     rows = [slot for slot, n in chunks for _ in range(n)]
-    reference = LoRASegments.from_rows(rows)
+    reference = per_row(rows)
     for packed, members in PACKED.items():
         x = torch.randn(len(rows), SHAPES[members[0]].in_features)
         base = torch.randn(len(rows), sum(SHAPES[m].out_features for m in members))
