@@ -134,24 +134,25 @@ async def resolve(gw: GatewayState, key: KeyContext, model: str
 
     404 for models that don't exist; another tenant's adapter is exactly that, one the caller
     cannot tell from a name nobody registered. 403 for ones the key or plan may not use."""
-    if gw.deployments.route(model):
-        return pick_deployment(gw, key, model, asked=model), None
+    chain = gw.deployments.route(model)
+    if chain:
+        return pick_deployment(key, chain, model, asked=model), None
     adapter = await gw.adapters.find(key.tenant_id, model)  # this tenant's only; cached
     if adapter is None:
         raise model_not_found(model)
     if not key.may_use_adapter(adapter.name):
         raise forbidden(f"Your API key is not allowed to use the adapter '{adapter.name}'.",
                         code="adapter_not_allowed")
-    deployment = pick_deployment(gw, key, adapter.base_model, asked=model, adapters=True)
+    chain = [d for d in gw.deployments.route(adapter.base_model) if d.serves_adapters]
+    deployment = pick_deployment(key, chain, adapter.base_model, asked=model)
     ref = AdapterRef(adapter.id, engine_adapter_name(key.tenant_id, adapter.name),
                      adapter.path, adapter.pinned)
     return deployment, ref
 
 
-def pick_deployment(gw: GatewayState, key: KeyContext, base: str, *, asked: str,
-                    adapters: bool = False) -> Deployment:
-    """The first deployment of `base` the key may use (`adapters`: one that applies them)."""
-    chain = [d for d in gw.deployments.route(base) if d.serves_adapters or not adapters]
+def pick_deployment(key: KeyContext, chain: list[Deployment], base: str, *, asked: str
+                    ) -> Deployment:
+    """The first deployment of `chain` (those of `base`) the key may use."""
     if not chain:
         raise model_not_found(asked)
     if not key.may_use_model(base):

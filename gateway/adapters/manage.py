@@ -44,8 +44,8 @@ async def register_path(
     path: str, alias: str | None = None, pinned: bool = False,
 ) -> Adapter:
     """Admin only: register a folder already on the server."""
-    await _check_new(state, session, tenant_id=tenant_id, name=name, base_model=base_model,
-                     alias=alias, path=path)
+    name, alias = await _check_new(state, session, tenant_id=tenant_id, name=name,
+                                   base_model=base_model, alias=alias, path=path)
     return await _register(state, session, tenant_id=tenant_id, name=name, base_model=base_model,
                            path=path, alias=alias, pinned=pinned, uploaded=False, shown=path)
 
@@ -56,8 +56,8 @@ async def register_upload(
     pinned: bool = False,
 ) -> Adapter:
     """Store the two peft files, then register them; on any failure the files go again."""
-    await _check_new(state, session, tenant_id=tenant_id, name=name, base_model=base_model,
-                     alias=alias)
+    name, alias = await _check_new(state, session, tenant_id=tenant_id, name=name,
+                                   base_model=base_model, alias=alias)
     folder = await save_upload(state.settings.adapter_dir, tenant_id,
                                {CONFIG_FILE: config_file, WEIGHTS_FILE: weights_file})
     try:
@@ -139,8 +139,10 @@ def describe(adapter: Adapter, residency: str) -> dict[str, Any]:
 
 
 async def _check_new(state: GatewayState, session: AsyncSession, *, tenant_id: str, name: str,
-                     base_model: str, alias: str | None, path: str | None = None) -> None:
-    """Everything that can be refused before any file is written or read."""
+                     base_model: str, alias: str | None, path: str | None = None,
+                     ) -> tuple[str, str | None]:
+    """Everything that can be refused before any file is written or read; the checked name
+    and alias."""
     name = rows.check_adapter_name(name)
     alias = rows.check_alias(alias)
     rows.check_base_model(base_model)
@@ -151,6 +153,7 @@ async def _check_new(state: GatewayState, session: AsyncSession, *, tenant_id: s
         raise bad_request(f"'{alias}' is the name of a model; pick another alias.",
                           param="alias")
     await rows.check_adapter_free(session, tenant_id=tenant_id, name=name, alias=alias)
+    return name, alias
 
 
 def _require_serving(state: GatewayState, base_model: str) -> list[Deployment]:
@@ -165,8 +168,9 @@ async def _register(
     state: GatewayState, session: AsyncSession, *, tenant_id: str, name: str, base_model: str,
     path: str, alias: str | None, pinned: bool, uploaded: bool, shown: str | None,
 ) -> Adapter:
-    """Load into the engines under a fresh id, then commit the row; undo the loads on failure."""
-    name, alias = rows.check_adapter_name(name), rows.check_alias(alias)
+    """Load into the engines under a fresh id, then commit the row; undo the loads on failure.
+
+    `name` and `alias` come checked (`_check_new`)."""
     adapter_id = new_id()
     ref = AdapterRef(adapter_id, engine_adapter_name(tenant_id, name), path, pinned)
     loaded: list[Deployment] = []
