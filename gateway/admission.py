@@ -6,14 +6,14 @@ import math
 from datetime import UTC, datetime
 
 from gateway.deployments.base import Call
-from gateway.deployments.config import DeploymentConfig
+from gateway.deployments.config import Price
 from gateway.errors import APIError, unavailable
 from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest, Budget, Decision, Limits
 
 
 def admission_request(
-    *, request_id: str, key: KeyContext, call: Call, config: DeploymentConfig,
+    *, request_id: str, key: KeyContext, call: Call, price: Price,
     now: datetime | None = None,
 ) -> AdmissionRequest:
     tokens = call.prompt_tokens + call.max_output_tokens
@@ -28,7 +28,7 @@ def admission_request(
         budget = tenant_budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
     return AdmissionRequest(
         request_id=request_id, scopes=scopes, tokens=tokens,
-        cost_micros=config.cost_micros(call.prompt_tokens, call.max_output_tokens),
+        cost_micros=price.cost_micros(call.prompt_tokens, call.max_output_tokens),
         budget=budget,
     )
 

@@ -1,11 +1,12 @@
 """The request path of a completion, in order. Read this first.
 
-    authenticate key (cached, no DB) -> read and validate the body -> resolve the model to a
-    deployment, or to the caller's own LoRA adapter on one (cached, 404/403) -> prepare the
-    call (exact prompt tokens, context check) -> reserve limits and budget atomically (429)
-    -> [cache lookup: later] -> dispatch (registering the adapter with the engine on first
-    use), streaming or not (client disconnect aborts upstream) -> settle the reservation to
-    the real usage and meter it.
+    authenticate key (cached, no DB) -> read and validate the body -> route: the name (a
+    model, an alias, `auto`, or the caller's own LoRA adapter) to the deployments to try, in
+    policy order (cached, 404/403) -> prepare the call on the first whose context fits (exact
+    prompt tokens) -> reserve limits and budget atomically (429) -> response cache lookup
+    (exact, then semantic) -> dispatch with fallbacks until one deployment answers, streaming
+    or not (a client that disconnects aborts upstream) -> settle the reservation to the real
+    usage, meter it, and keep the answer in the cache.
 
 The reservation is settled exactly once per admitted request, whatever happens after it.
 """
@@ -13,10 +14,11 @@ The reservation is settled exactly once per admitted request, whatever happens a
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -24,21 +26,20 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
 from gateway.admission import admission_request, ratelimit_headers, refusal
-from gateway.deployments.base import (
-    AdapterRef,
-    Call,
-    Deployment,
-    UpstreamFailure,
-    engine_adapter_name,
-)
-from gateway.errors import APIError, bad_request, forbidden, model_not_found, too_large
+from gateway.deployments.base import Call, Deployment
+from gateway.errors import APIError, bad_request, too_large
+from gateway.response_cache import CacheUse, Hit, cacheable, fresh
+from gateway.routing.fallback import CONTEXT_CODE, AllAttemptsFailed, Served
+from gateway.routing.router import RoutePlan, plan_route
 from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from gateway.sse import StreamAssembler, replay
 from gateway.state import GatewayState
 from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest
 
 T = TypeVar("T")
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+TIER_HEADER = "x-switchboard-tier"
 
 
 async def serve_completion(request: Request, *, chat: bool) -> Response:
@@ -47,41 +48,99 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     key = await gw.keys.tenant(request.headers.get("authorization"))
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_body(raw, chat=chat)
-    deployment, adapter = await resolve(gw, key, body.model)
-    call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id, adapter=adapter)
+    plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
+                            tier=_asked_tier(request), logprobs=_wants_logprobs(body))
+
+    def prepare(deployment: Deployment) -> Call:
+        return deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
+                                  adapter=plan.adapter)
+
+    order, call = first_that_fits(plan, prepare)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
-                                  config=deployment.config)
+                                  price=order[0].price)
     decision = await gw.limiter.admit(admission)
     if not decision.admitted:
         raise refusal(decision)
     headers = ratelimit_headers(decision)
-    ticket = Ticket(gw, key, deployment, call, admission, scope_state["request_id"])
+    ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"])
     try:
-        # Until the answer (or, streaming, its first token) is there, a client that leaves
-        # cancels the upstream call.
-        work = (deployment.open_stream if body.stream else deployment.complete)(
-            call, request_id=engine_id)
+        use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
+        hit = None if use is None else await gw.cache.lookup(use)
+        if hit is not None:
+            return ticket.answer_from_cache(hit, engine_id, headers, stream=body.stream)
+        headers["x-cache"] = "miss"
+        work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
+                                  prepare=prepare, on_call=ticket.attempt)
         try:
-            result = await until_done_or_disconnect(work, request.receive)
+            served = await until_done_or_disconnect(work, request.receive)
         finally:
-            scope_state["upstream_s"] = call.upstream_s
-        if result is None:
+            scope_state["upstream_s"] = ticket.upstream_s()
+        if served is None:
             ticket.close("aborted")
             return Response(status_code=499)
+        ticket.served(served)
+        headers["x-switchboard-deployment"] = served.deployment.name
+        headers["x-switchboard-attempts"] = str(served.attempts)
         if body.stream:
-            return StreamingResponse(ticket.relay(result), media_type="text/event-stream",
+            assert not isinstance(served.result, bytes)
+            return StreamingResponse(ticket.relay(served.result, use),
+                                     media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
+        assert isinstance(served.result, bytes)
         ticket.close("ok")
-        return Response(result, media_type="application/json", headers=headers)
-    except UpstreamFailure as exc:
+        ticket.keep(use, served.result)
+        return Response(served.result, media_type="application/json", headers=headers)
+    except AllAttemptsFailed as exc:
         ticket.close("error")
-        extra = {"retry-after": exc.retry_after} if exc.retry_after else {}
-        raise APIError(exc.status, exc.message, type_="server_error", code=exc.code,
-                       headers={**headers, **extra}) from None
+        failure = exc.last
+        extra = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        raise APIError(failure.status, failure.message, type_="server_error", code=failure.code,
+                       headers={**headers, **extra,
+                                "x-switchboard-attempts": str(exc.attempts)}) from None
     except BaseException:
         ticket.close("error")
         raise
+
+
+def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
+                    ) -> tuple[list[Deployment], Call]:
+    """The plan from the first deployment whose context window holds the prompt, and its call.
+
+    A prompt too long for one deployment moves on to the next with a larger window; when none
+    holds it, the client gets the first deployment's 400."""
+    first_error: APIError | None = None
+    too_small = 0
+    for index, deployment in enumerate(plan.order):
+        if deployment.config.context_window <= too_small:
+            continue
+        try:
+            return plan.order[index:], prepare(deployment)
+        except APIError as exc:
+            if exc.code != CONTEXT_CODE:
+                raise
+            first_error = first_error or exc
+            too_small = max(too_small, deployment.config.context_window)
+    assert first_error is not None
+    raise first_error
+
+
+def _asked_tier(request: Request) -> str | None:
+    tier = request.headers.get(TIER_HEADER)
+    if tier is None:
+        return None
+    tier = tier.strip()
+    if not tier or len(tier) > 64:
+        raise bad_request(f"Invalid {TIER_HEADER} header.", param=TIER_HEADER,
+                          code="invalid_value")
+    return tier
+
+
+def _wants_logprobs(body: OpenAIRequest) -> bool:
+    logprobs = body.logprobs
+    if isinstance(body, ChatCompletionRequest):
+        return bool(logprobs)
+    return logprobs is not None
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -128,43 +187,6 @@ def _is_type_tag(part: str) -> bool:
     return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-"))
 
 
-async def resolve(gw: GatewayState, key: KeyContext, model: str
-                  ) -> tuple[Deployment, AdapterRef | None]:
-    """The deployment to use, and the caller's adapter on it if `model` names one.
-
-    404 for models that don't exist; another tenant's adapter is exactly that, one the caller
-    cannot tell from a name nobody registered. 403 for ones the key or plan may not use."""
-    chain = gw.deployments.route(model)
-    if chain:
-        return pick_deployment(key, chain, model, asked=model), None
-    adapter = await gw.adapters.find(key.tenant_id, model)  # this tenant's only; cached
-    if adapter is None:
-        raise model_not_found(model)
-    if not key.may_use_adapter(adapter.name):
-        raise forbidden(f"Your API key is not allowed to use the adapter '{adapter.name}'.",
-                        code="adapter_not_allowed")
-    chain = [d for d in gw.deployments.route(adapter.base_model) if d.serves_adapters]
-    deployment = pick_deployment(key, chain, adapter.base_model, asked=model)
-    ref = AdapterRef(adapter.id, engine_adapter_name(key.tenant_id, adapter.name),
-                     adapter.path, adapter.pinned)
-    return deployment, ref
-
-
-def pick_deployment(key: KeyContext, chain: list[Deployment], base: str, *, asked: str
-                    ) -> Deployment:
-    """The first deployment of `chain` (those of `base`) the key may use."""
-    if not chain:
-        raise model_not_found(asked)
-    if not key.may_use_model(base):
-        raise forbidden(f"Your API key is not allowed to use the model '{base}'.",
-                        code="model_not_allowed")
-    allowed = [d for d in chain if key.may_use_tier(d.config.tier)]
-    if not allowed:
-        raise forbidden(f"Your plan does not include the tier that serves '{base}'.",
-                        code="tier_not_allowed")
-    return allowed[0]
-
-
 async def until_done_or_disconnect(work: Awaitable[T], receive: Receive) -> T | None:
     """Run `work`; if the client disconnects first, cancel it (aborting upstream) -> None."""
     task = asyncio.ensure_future(work)
@@ -195,12 +217,65 @@ class Ticket:
     call: Call
     admission: AdmissionRequest
     request_id: str
+    calls: list[Call] = field(default_factory=list)
+    cache_hit: str = "none"
+    release: Callable[[], None] = field(default=lambda: None, repr=False)
     closed: bool = False
 
-    async def relay(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    def attempt(self, call: Call) -> None:
+        """A deployment is being tried with `call` (usage is counted on the latest)."""
+        if call is not self.call:
+            self.calls.append(self.call)
+            self.call = call
+
+    def served(self, served: Served) -> None:
+        self.deployment = served.deployment
+        self.attempt(served.call)
+        self.release = served.release
+
+    def upstream_s(self) -> float:
+        return sum(c.upstream_s for c in (*self.calls, self.call))
+
+    def answer_from_cache(self, hit: Hit, response_id: str, headers: dict[str, str], *,
+                          stream: bool) -> Response:
+        request = self.call.request
+        body = fresh(hit, response_id=response_id, model=request.model)
+        usage = body.get("usage") or {}
+        self.call.usage.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        self.call.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
+        self.call.usage.cached_tokens = self.call.usage.prompt_tokens
+        self.call.usage.finished = True
+        self.cache_hit = hit.kind
+        headers = {**headers, "x-cache": "hit", "x-cache-kind": hit.kind}
+        if hit.similarity is not None:
+            headers["x-cache-similarity"] = f"{hit.similarity:.4f}"
+        if stream:
+            events = replay(body, chat=isinstance(request, ChatCompletionRequest),
+                            include_usage=request.include_usage)
+            return StreamingResponse(self._replay(events), media_type="text/event-stream",
+                                     headers={**SSE_HEADERS, **headers})
+        self.close("ok")
+        return Response(json.dumps(body, separators=(",", ":")).encode(),
+                        media_type="application/json", headers=headers)
+
+    async def _replay(self, events: list[bytes]) -> AsyncIterator[bytes]:
         status = "aborted"
         try:
+            for chunk in events:
+                yield chunk
+            status = "ok"
+        finally:
+            self.close(status)
+
+    async def relay(self, chunks: AsyncIterator[bytes], use: CacheUse | None
+                    ) -> AsyncIterator[bytes]:
+        status = "aborted"
+        assembler = StreamAssembler(chat=isinstance(self.call.request, ChatCompletionRequest)
+                                    ) if use is not None and use.store else None
+        try:
             async for chunk in chunks:
+                if assembler is not None:
+                    assembler.feed(chunk)
                 yield chunk
             status = "ok" if self.call.usage.finished else "error"
         finally:
@@ -208,25 +283,55 @@ class Ticket:
                 await _close_quietly(chunks)  # aborts the upstream if the client left
             finally:
                 self.close(status)
+        if assembler is not None and status == "ok":
+            response = assembler.result()
+            if response is not None:
+                self._keep_response(use, response)
+
+    def keep(self, use: CacheUse | None, raw: bytes) -> None:
+        """Store a non-streamed answer in the response cache, in the background."""
+        if use is None or not use.store:
+            return
+        try:
+            response = json.loads(raw)
+        except ValueError:
+            return
+        if isinstance(response, dict):
+            self._keep_response(use, response)
+
+    def _keep_response(self, use: CacheUse | None, response: dict[str, Any]) -> None:
+        if use is None or not cacheable(response):
+            return
+        usage = self.call.usage
+        response["usage"] = {"prompt_tokens": usage.prompt_tokens,
+                             "completion_tokens": usage.completion_tokens,
+                             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+        self._background(self.gw.cache.store(use, response))
 
     def close(self, status: str) -> None:
         if self.closed:
             return
         self.closed = True
+        self.release()
         usage = self.call.usage
         billed_prompt = usage.prompt_tokens if (usage.completion_tokens or usage.finished) else 0
-        cost = self.deployment.config.cost_micros(billed_prompt, usage.completion_tokens)
+        cost = self.deployment.price.cost_micros(billed_prompt, usage.completion_tokens)
+        if self.cache_hit != "none":
+            cost = -(-cost * self.key.plan.cache_hit_price_percent // 100)  # rounded up
         tokens = billed_prompt + usage.completion_tokens
         self.gw.meter.record(
             request_id=self.request_id, tenant_id=self.key.tenant_id, key_id=self.key.key_id,
-            model=self.call.request.model, deployment=self.deployment.name,
+            model=self.call.request.model,
+            deployment="" if self.cache_hit != "none" else self.deployment.name,
             prompt_tokens=billed_prompt, completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens, cost_micros=cost, status=status,
+            cache_hit=self.cache_hit,
         )
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
-        task = asyncio.get_running_loop().create_task(
-            self.gw.limiter.settle(self.admission, tokens=tokens, cost_micros=cost)
-        )
+        self._background(self.gw.limiter.settle(self.admission, tokens=tokens, cost_micros=cost))
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
         self.gw.background.add(task)
         task.add_done_callback(self.gw.background.discard)
 

@@ -44,6 +44,19 @@ class Settings(BaseSettings):
     max_adapter_upload_bytes: int = 256 << 20
     max_adapters_per_tenant: int = 100  # for tenant self-service uploads
 
+    # Routing and fallbacks (docs/gateway.md, "Routing").
+    route_max_attempts: int = 3  # deployments tried per request before the client's error
+    route_budget_s: float = 60.0  # all attempts together, until the first byte
+    breaker_failure_threshold: int = 5  # failures within the window that open a breaker
+    breaker_window_s: float = 30.0
+    breaker_cooldown_s: float = 15.0  # open this long, then one probe request
+    # Response caches (docs/caching.md): in-process, or in Redis when redis_url is set.
+    cache_ttl_s: float = 3600.0
+    cache_max_entries_per_tenant: int = 10_000
+    semantic_cache_max_entries_per_tenant: int = 100_000
+    cache_max_entry_bytes: int = 1 << 20
+    semantic_threshold: float | None = None  # None: the measured default (caching.semantic)
+
     # Request handling.
     max_body_bytes: int = 4 << 20
     upstream_timeout_s: float = 600.0

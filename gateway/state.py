@@ -9,13 +9,19 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from billing.meter import UsageMeter
+from caching.embedder import Embedder
+from caching.factory import make_caches
 from gateway.adapters.cache import AdapterCache
 from gateway.auth import AuthWatcher, KeyCache
 from gateway.budgets import seed_budgets
-from gateway.deployments import DeploymentConfig, DeploymentRegistry, load_deployments_file
+from gateway.deployments import DeploymentConfig, DeploymentRegistry
 from gateway.deployments.base import Deployment
+from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
+from gateway.response_cache import ResponseCache
+from gateway.routing.breaker import BreakerSettings
+from gateway.routing.fallback import Fallbacks
 from gateway.settings import Settings
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import load_or_create_pepper
@@ -37,12 +43,18 @@ class GatewayState:
     deployments: DeploymentRegistry
     http: HttpPool
     meter: UsageMeter
+    fallbacks: Fallbacks
+    cache: ResponseCache
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     def build_deployment(self, config: DeploymentConfig,
                          engine: AsyncLLMEngine | None = None) -> Deployment:
-        if config.provider == "openai":
+        if config.provider in HTTP_PROVIDERS:
             return HttpDeployment(config, self.http)
+        if config.provider == "litellm":
+            from gateway.deployments.external import LiteLLMDeployment  # imports litellm
+
+            return LiteLLMDeployment(config)
         from gateway.deployments.embedded import EmbeddedDeployment
 
         if engine is not None:
@@ -68,24 +80,33 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
                                    secret_file=settings.secret_file)
     keys = KeyCache(sessionmaker, pepper, negative_size=settings.auth_negative_cache_size)
     adapters = AdapterCache(sessionmaker, negative_size=settings.auth_negative_cache_size)
+    registry = DeploymentRegistry(BreakerSettings(
+        failure_threshold=settings.breaker_failure_threshold,
+        window_s=settings.breaker_window_s, cooldown_s=settings.breaker_cooldown_s))
     state = GatewayState(
         settings=settings, db=db, sessionmaker=sessionmaker, keys=keys, adapters=adapters,
         watcher=AuthWatcher([keys, adapters], sessionmaker,
                             interval_s=settings.auth_poll_interval_s),
         limiter=make_limiter(redis_url=settings.redis_url, fail_open=settings.redis_fail_open,
                              timeout_s=settings.redis_timeout_s),
-        deployments=DeploymentRegistry(),
+        deployments=registry,
         http=HttpPool(max_connections=settings.upstream_max_connections),
         meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s),
+        fallbacks=Fallbacks(registry, max_attempts=settings.route_max_attempts,
+                            budget_s=settings.route_budget_s),
+        cache=_response_cache(settings),
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)
-    for config in _configured(settings, engine):
+    configs, aliases = _configured(settings, engine)
+    for config in configs:
         deployment = state.build_deployment(config, engine)
         await deployment.start()
         state.deployments.add(deployment)
-        logger.info("deployment %s serves model %s (%s)", config.name, config.model_name,
-                    config.provider)
+        logger.info("deployment %s serves model %s (%s, tier %s)", config.name,
+                    config.model_name, config.provider, config.tier)
+    for alias in aliases:
+        state.deployments.set_alias(alias)
     await state.watcher.start()
     await state.meter.start()
     return state
@@ -99,20 +120,38 @@ async def close_state(state: GatewayState) -> None:
     for deployment in state.deployments.deployments():
         await deployment.close()
     await state.http.close()
+    await state.cache.close()
     await state.limiter.close()
     await state.db.dispose()
 
 
-def _configured(settings: Settings, engine: AsyncLLMEngine | None) -> list[DeploymentConfig]:
+def _configured(settings: Settings, engine: AsyncLLMEngine | None
+                ) -> tuple[list[DeploymentConfig], list[AliasConfig]]:
     configs = []
+    aliases: list[AliasConfig] = []
     if settings.embedded_model != "none" or engine is not None:
         configs.append(DeploymentConfig(
             name="embedded", model_name=settings.embedded_model_name, provider="embedded",
             upstream_model=settings.embedded_model, tier=settings.embedded_tier,
             input_price_per_1m=settings.embedded_input_price_per_1m,
             output_price_per_1m=settings.embedded_output_price_per_1m,
+            capabilities=Capabilities(adapters=settings.embedded_enable_lora),
             shared_prefix_cache=settings.embedded_shared_prefix_cache,
         ))
     if settings.deployments_file is not None:
-        configs.extend(load_deployments_file(settings.deployments_file))
-    return configs
+        routing = load_routing_file(settings.deployments_file)
+        configs.extend(routing.deployments)
+        aliases = routing.aliases
+    return configs, aliases
+
+
+def _response_cache(settings: Settings) -> ResponseCache:
+    exact, semantic = make_caches(
+        redis_url=settings.redis_url,
+        max_entries_per_tenant=settings.cache_max_entries_per_tenant,
+        semantic_max_entries_per_tenant=settings.semantic_cache_max_entries_per_tenant,
+        max_entry_bytes=settings.cache_max_entry_bytes)
+    cache = ResponseCache(exact, semantic, Embedder(), default_ttl_s=settings.cache_ttl_s)
+    if settings.semantic_threshold is not None:
+        cache.default_threshold = settings.semantic_threshold
+    return cache

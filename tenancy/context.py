@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True, slots=True)
 class PlanLimits:
-    """A plan's limits; None means unlimited (or, for the allow-lists, everything)."""
+    """A plan's limits and cache settings.
+
+    For limits None means unlimited (or, for the allow-lists, everything); for the cache
+    threshold and TTL it means "the gateway's default".
+    """
 
     rpm: int | None = None
     tpm: int | None = None
@@ -20,6 +24,10 @@ class PlanLimits:
     budget_period: str = "month"
     allowed_models: frozenset[str] | None = None
     allowed_tiers: frozenset[str] | None = None
+    cache_mode: str = "auto"  # off | auto | exact | semantic (see tenancy.models.CACHE_MODES)
+    semantic_threshold: float | None = None  # cosine similarity in (0, 1]
+    cache_ttl_s: int | None = None
+    cache_hit_price_percent: int = 0  # share of the normal price charged for a cached answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,7 @@ class KeyContext:
     max_concurrent: int | None = None
     allowed_models: frozenset[str] | None = None
     allowed_adapters: frozenset[str] | None = None
+    tenant_semantic_threshold: float | None = None  # overrides the plan's
 
     def usable(self, now: float) -> str | None:
         """None when the key may be used at `now` (epoch s), else why not."""
@@ -61,6 +70,14 @@ class KeyContext:
     def may_use_adapter(self, name: str) -> bool:
         """Whether the key admits this LoRA adapter (None admits every adapter of the tenant)."""
         return _admits(self.allowed_adapters, name)
+
+    def semantic_threshold(self, default: float) -> float:
+        """The tenant's override, else the plan's, else the gateway's `default`."""
+        if self.tenant_semantic_threshold is not None:
+            return self.tenant_semantic_threshold
+        if self.plan.semantic_threshold is not None:
+            return self.plan.semantic_threshold
+        return default
 
 
 @dataclass(frozen=True, slots=True)

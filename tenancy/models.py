@@ -17,6 +17,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -31,6 +32,11 @@ from tenancy.db import Base
 KEY_ID_LENGTH = 12
 BUDGET_PERIODS = ("month", "day")
 TENANT_STATUSES = ("active", "suspended")
+# off: never; auto: exact cache only for deterministic requests (temperature 0 or a seed);
+# exact: exact cache for every request; semantic: exact cache plus the semantic cache.
+CACHE_MODES = ("off", "auto", "exact", "semantic")
+# How a usage record's answer was served: generated, or from the exact or semantic cache.
+CACHE_HITS = ("none", "exact", "semantic")
 AUTH_STATE_ID = 1
 
 
@@ -79,11 +85,15 @@ _AutoId = BigInteger().with_variant(Integer(), "sqlite")
 class Plan(Base):
     """Limits, allowed models/tiers and a spend cap shared by the tenants on it.
 
-    Every limit is optional: None means unlimited (or "all" for the allow-lists).
+    Every limit is optional: None means unlimited (or "all" for the allow-lists). The cache
+    settings' None means "the gateway's default".
     """
 
     __tablename__ = "plans"
-    __table_args__ = (CheckConstraint("budget_period IN ('month', 'day')", name="budget_period"),)
+    __table_args__ = (
+        CheckConstraint("budget_period IN ('month', 'day')", name="budget_period"),
+        CheckConstraint("cache_mode IN ('off', 'auto', 'exact', 'semantic')", name="cache_mode"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
     name: Mapped[str] = mapped_column(String(200), unique=True)
@@ -95,6 +105,12 @@ class Plan(Base):
     allowed_models: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
     allowed_tiers: Mapped[list[str] | None] = mapped_column(_JSONOrNull)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Response caching (server defaults too: rows that predate migration 0003 get them).
+    cache_mode: Mapped[str] = mapped_column(String(8), default="auto", server_default="auto")
+    semantic_threshold: Mapped[float | None] = mapped_column(Float)  # cosine, in (0, 1]
+    cache_ttl_s: Mapped[int | None] = mapped_column(Integer)
+    # Share (0..100) of the normal price charged for an answer served from cache.
+    cache_hit_price_percent: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Tenant(Base):
@@ -110,6 +126,7 @@ class Tenant(Base):
     )
     status: Mapped[str] = mapped_column(String(16), default="active")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    semantic_threshold: Mapped[float | None] = mapped_column(Float)  # overrides the plan's
 
 
 class ApiKey(Base):
@@ -203,3 +220,5 @@ class UsageRecord(Base):
     cost_micros: Mapped[int] = mapped_column(BigInteger, default=0)
     status: Mapped[str] = mapped_column(String(32), default="ok")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
+    # One of CACHE_HITS; no CHECK, so that a new kind can never make a usage insert fail.
+    cache_hit: Mapped[str] = mapped_column(String(16), default="none", server_default="none")

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from enum import Enum
+from math import isfinite
+from typing import Any, Final, Literal
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +23,7 @@ from tenancy.keys import GeneratedKey, generate_key, hash_secret
 from tenancy.models import (
     AUTH_STATE_ID,
     BUDGET_PERIODS,
+    CACHE_MODES,
     TENANT_STATUSES,
     AdminKey,
     ApiKey,
@@ -41,9 +44,23 @@ _PLAN_FIELDS = frozenset(
         "budget_period",
         "allowed_models",
         "allowed_tiers",
+        "cache_mode",
+        "semantic_threshold",
+        "cache_ttl_s",
+        "cache_hit_price_percent",
     }
 )
 _KEY_ID_ATTEMPTS = 5
+_INT32_MAX = 2**31 - 1
+
+
+class Unset(Enum):
+    """Marks an argument left out where None is a real value ("clear the override")."""
+
+    UNSET = "unset"
+
+
+UNSET: Final = Unset.UNSET
 
 
 class ServiceError(Exception):
@@ -147,11 +164,49 @@ def _check_period(value: str) -> str:
     return value
 
 
+def _check_cache_mode(value: str) -> str:
+    if value not in CACHE_MODES:
+        raise InvalidError(f"cache_mode must be one of {', '.join(CACHE_MODES)}")
+    return value
+
+
+def check_semantic_threshold(value: float | None) -> float | None:
+    """A cosine similarity in (0, 1] (1: identical prompts only), or None for the default."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not isfinite(value)
+        or not 0 < value <= 1
+    ):
+        raise InvalidError("semantic_threshold must be a number in (0, 1] or null")
+    return float(value)
+
+
+def _check_bounded(value: int | None, field: str, *, low: int, high: int, nullable: bool) -> Any:
+    """An integer in [low, high]; None only where the column is nullable."""
+    if value is None and nullable:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        suffix = " or null" if nullable else ""
+        raise InvalidError(f"{field} must be an integer in [{low}, {high}]{suffix}")
+    return value
+
+
 def _check_plan_field(field: str, value: Any) -> Any:
     if field == "name":
         return check_name(value, "plan")
     if field == "budget_period":
         return _check_period(value)
+    if field == "cache_mode":
+        return _check_cache_mode(value)
+    if field == "semantic_threshold":
+        return check_semantic_threshold(value)
+    if field == "cache_ttl_s":
+        return _check_bounded(value, field, low=1, high=_INT32_MAX, nullable=True)
+    if field == "cache_hit_price_percent":
+        return _check_bounded(value, field, low=0, high=100, nullable=False)
     if field in ("allowed_models", "allowed_tiers"):
         return _check_names(value, field)
     return _check_limit(value, field)
@@ -171,6 +226,10 @@ async def create_plan(
     budget_period: str = "month",
     allowed_models: Sequence[str] | None = None,
     allowed_tiers: Sequence[str] | None = None,
+    cache_mode: str = "auto",
+    semantic_threshold: float | None = None,
+    cache_ttl_s: int | None = None,
+    cache_hit_price_percent: int = 0,
 ) -> Plan:
     """Create a plan; ConflictError if the name is taken."""
     fields = {
@@ -182,6 +241,10 @@ async def create_plan(
         "budget_period": budget_period,
         "allowed_models": allowed_models,
         "allowed_tiers": allowed_tiers,
+        "cache_mode": cache_mode,
+        "semantic_threshold": semantic_threshold,
+        "cache_ttl_s": cache_ttl_s,
+        "cache_hit_price_percent": cache_hit_price_percent,
     }
     plan = Plan(**{field: _check_plan_field(field, value) for field, value in fields.items()})
     if await get_plan_by_name(session, name=plan.name) is not None:
@@ -192,7 +255,10 @@ async def create_plan(
 
 
 async def update_plan(session: AsyncSession, *, plan_id: str, **fields: Any) -> Plan | None:
-    """Set the given fields (None clears a limit to unlimited); None if no such plan."""
+    """Set the given fields (None clears a limit to unlimited); None if no such plan.
+
+    `cache_mode` and `cache_hit_price_percent` cannot be None: they always have a value.
+    """
     unknown = set(fields) - _PLAN_FIELDS
     if unknown:
         raise InvalidError(f"unknown plan fields: {', '.join(sorted(unknown))}")
@@ -230,14 +296,19 @@ async def get_plan_by_name(session: AsyncSession, *, name: str) -> Plan | None:
 # --- tenants ------------------------------------------------------------------------------
 
 
-async def create_tenant(session: AsyncSession, *, name: str, plan_id: str) -> Tenant:
+async def create_tenant(
+    session: AsyncSession, *, name: str, plan_id: str, semantic_threshold: float | None = None
+) -> Tenant:
     """Create an active tenant on a plan; NotFoundError for an unknown plan."""
     name = check_name(name, "tenant")
+    semantic_threshold = check_semantic_threshold(semantic_threshold)
     if await session.get(Plan, plan_id) is None:
         raise NotFoundError(f"no plan with id {plan_id!r}")
     if await get_tenant_by_name(session, name=name) is not None:
         raise ConflictError(f"a tenant named {name!r} already exists")
-    tenant = Tenant(name=name, plan_id=plan_id, status="active")
+    tenant = Tenant(
+        name=name, plan_id=plan_id, status="active", semantic_threshold=semantic_threshold
+    )
     session.add(tenant)
     await commit_mutation(session, f"tenant {name!r}")
     return tenant
@@ -265,10 +336,15 @@ async def update_tenant(
     tenant_id: str,
     plan_id: str | None = None,
     status: str | None = None,
+    semantic_threshold: float | Literal[Unset.UNSET] | None = UNSET,
 ) -> Tenant | None:
-    """Move a tenant to another plan and/or suspend or reactivate it; None if no such tenant."""
+    """Move a tenant to another plan, suspend or reactivate it, and/or set or clear (None) its
+    semantic-cache threshold; None if no such tenant. Left-out arguments change nothing.
+    """
     if status is not None and status not in TENANT_STATUSES:
         raise InvalidError(f"status must be one of {', '.join(TENANT_STATUSES)}")
+    if semantic_threshold is not UNSET:
+        semantic_threshold = check_semantic_threshold(semantic_threshold)
     tenant = await session.get(Tenant, tenant_id)
     if tenant is None:
         return None
@@ -278,6 +354,8 @@ async def update_tenant(
         tenant.plan_id = plan_id
     if status is not None:
         tenant.status = status
+    if semantic_threshold is not UNSET:
+        tenant.semantic_threshold = semantic_threshold
     await commit_mutation(session, f"tenant {tenant.name!r}")
     return tenant
 
@@ -420,6 +498,10 @@ def plan_limits(plan: Plan) -> PlanLimits:
         budget_period=plan.budget_period,
         allowed_models=_frozen(plan.allowed_models),
         allowed_tiers=_frozen(plan.allowed_tiers),
+        cache_mode=plan.cache_mode,
+        semantic_threshold=plan.semantic_threshold,
+        cache_ttl_s=plan.cache_ttl_s,
+        cache_hit_price_percent=plan.cache_hit_price_percent,
     )
 
 
@@ -450,6 +532,7 @@ async def load_key_context(session: AsyncSession, *, key_id: str) -> KeyContext 
         max_concurrent=key.max_concurrent,
         allowed_models=_frozen(key.allowed_models),
         allowed_adapters=_frozen(key.allowed_adapters),
+        tenant_semantic_threshold=tenant.semantic_threshold,
     )
 
 
@@ -470,7 +553,10 @@ async def load_admin_context(session: AsyncSession, *, key_id: str) -> AdminCont
 
 
 async def record_usage(session: AsyncSession, *, records: list[dict[str, Any]]) -> None:
-    """Insert finished requests in one batch (columns of `UsageRecord`; defaults fill gaps)."""
+    """Insert finished requests in one batch (columns of `UsageRecord`; defaults fill gaps).
+
+    `cache_hit` ("none", "exact" or "semantic") says how the answer was served.
+    """
     if not records:
         return
     await session.execute(insert(UsageRecord), records)

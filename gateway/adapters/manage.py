@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.adapters.uploads import CONFIG_FILE, WEIGHTS_FILE, remove_upload, save_upload
 from gateway.deployments import AdapterRef, Deployment, engine_adapter_name
+from gateway.deployments.registry import AUTO
 from gateway.errors import APIError, bad_request, conflict
 from gateway.state import GatewayState
 from tenancy import adapters as rows
@@ -31,7 +32,7 @@ TIER_ORDER = ("device", "cpu", "disk")  # best first; not registered anywhere is
 
 def serving(state: GatewayState, base_model: str) -> list[Deployment]:
     """The deployments of `base_model` that can apply adapters."""
-    return [d for d in state.deployments.route(base_model) if d.serves_adapters]
+    return [d for d in state.deployments.route(base_model).deployments if d.serves_adapters]
 
 
 def adapter_ref(adapter: Adapter) -> AdapterRef:
@@ -149,7 +150,7 @@ async def _check_new(state: GatewayState, session: AsyncSession, *, tenant_id: s
     if path is not None:
         rows.check_path(path)
     _require_serving(state, base_model)
-    if alias is not None and state.deployments.route(alias):
+    if alias is not None and (state.deployments.route(alias).deployments or alias == AUTO):
         raise bad_request(f"'{alias}' is the name of a model; pick another alias.",
                           param="alias")
     await rows.check_adapter_free(session, tenant_id=tenant_id, name=name, alias=alias)

@@ -24,7 +24,7 @@ from gateway.settings import Settings
 from tenancy import service
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import load_or_create_pepper
-from tenancy.models import AdminKey, ApiKey, Plan, Tenant, utcnow
+from tenancy.models import CACHE_MODES, AdminKey, ApiKey, Plan, Tenant, utcnow
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 Action = Callable[[AsyncSession, argparse.Namespace, Settings], Awaitable[Any]]
@@ -51,6 +51,31 @@ def _non_negative_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0: {value!r}")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = _non_negative_int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {value!r}")
+    return number
+
+
+def _percent(value: str) -> int:
+    number = _non_negative_int(value)
+    if number > 100:
+        raise argparse.ArgumentTypeError(f"must be in [0, 100]: {value!r}")
+    return number
+
+
+def _threshold(value: str) -> float:
+    """A cosine similarity in (0, 1]."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < number <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {value!r}")
     return number
 
 
@@ -179,6 +204,10 @@ async def _plans_create(session: AsyncSession, args: argparse.Namespace, _: Sett
         budget_period=args.budget_period,
         allowed_models=args.models,
         allowed_tiers=args.tiers,
+        cache_mode=args.cache_mode,
+        semantic_threshold=args.semantic_threshold,
+        cache_ttl_s=args.cache_ttl_s,
+        cache_hit_price_percent=args.cache_hit_price_percent,
     )
     return plan_json(plan)
 
@@ -196,7 +225,10 @@ async def _tenants_create(session: AsyncSession, args: argparse.Namespace, _: Se
         plan = await service.get_plan(session, plan_id=args.plan)
     if plan is None:
         raise CommandError(f"no plan named {args.plan!r} (see `switchboard plans list`)")
-    return tenant_json(await service.create_tenant(session, name=args.name, plan_id=plan.id))
+    tenant = await service.create_tenant(
+        session, name=args.name, plan_id=plan.id, semantic_threshold=args.semantic_threshold
+    )
+    return tenant_json(tenant)
 
 
 async def _tenants_list(session: AsyncSession, _args: argparse.Namespace, _: Settings) -> Any:
@@ -297,6 +329,15 @@ def register(subparsers: Any) -> None:
     create.add_argument("--budget-usd", type=_usd_to_micros, help="spend cap per period, USD")
     create.add_argument("--budget-period", choices=("month", "day"), default="month")
     create.add_argument("--tiers", type=_name_list, help="allowed cost tiers, comma-separated")
+    create.add_argument("--cache-mode", choices=CACHE_MODES, default="auto",
+                        help="response cache: off, auto (deterministic requests only), exact, "
+                             "semantic (exact plus similar prompts)")
+    create.add_argument("--semantic-threshold", type=_threshold,
+                        help="cosine similarity in (0, 1] (default: the gateway's)")
+    create.add_argument("--cache-ttl-s", type=_positive_int,
+                        help="seconds a cached answer lives (default: the gateway's)")
+    create.add_argument("--cache-hit-price-percent", type=_percent, default=0,
+                        help="share of the normal price charged for a cached answer, 0-100")
     create.set_defaults(func=_handler(_plans_create))
     plans.add_parser("list", help="list plans").set_defaults(func=_handler(_plans_list))
 
@@ -306,6 +347,8 @@ def register(subparsers: Any) -> None:
     create = tenants.add_parser("create", help="create a tenant")
     create.add_argument("--name", required=True)
     create.add_argument("--plan", required=True, help="plan name")
+    create.add_argument("--semantic-threshold", type=_threshold,
+                        help="overrides the plan's semantic-cache threshold, in (0, 1]")
     create.set_defaults(func=_handler(_tenants_create))
     tenants.add_parser("list", help="list tenants").set_defaults(func=_handler(_tenants_list))
     for action, status in (("suspend", "suspended"), ("activate", "active")):

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.deployments.config import DeploymentConfig
+from gateway.deployments.config import DeploymentConfig, Price
 from gateway.schemas.openai import OpenAIRequest
 from workers.client import Usage
 
@@ -16,7 +16,8 @@ from workers.client import Usage
 class UpstreamFailure(Exception):
     """The deployment could not serve the call (connection, timeout, 5xx, upstream 429).
 
-    Fallbacks (a later layer) retry these on the next deployment; today they become 502/504/429.
+    The router retries these on the next deployment of the chain, before the first byte has
+    reached the client; the last one becomes the client's 502/504/429.
     """
 
     def __init__(self, status: int, message: str, *, code: str = "upstream_error",
@@ -64,6 +65,9 @@ class Call:
 class Deployment(ABC):
     def __init__(self, config: DeploymentConfig) -> None:
         self.config = config
+        # Providers with a price list (litellm's cost map) fill this in at start() when the
+        # config sets no price.
+        self.price: Price = config.configured_price() or Price(source="none")
 
     @property
     def name(self) -> str:
@@ -91,6 +95,12 @@ class Deployment(ABC):
     async def unload_adapter(self, engine_name: str, *, wait_s: float = 0.0) -> None:
         """Unregister; AdapterBusyError if requests still use it after `wait_s`."""
         raise NotImplementedError(f"deployment {self.name!r} serves no adapters")
+
+    def adapter_residency(self, engine_name: str) -> str | None:
+        """Where the adapter is now ("device", "cpu", "disk"), None if not registered here.
+
+        A cheap hint for routing LoRA requests to a deployment that already holds it."""
+        return None
 
     async def adapter_tiers(self) -> dict[str, str]:
         """Engine name -> where each registered adapter lives ("device", "cpu", "disk")."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Literal
@@ -11,21 +12,40 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
+# "worker": a remote Switchboard worker; "openai": any OpenAI-compatible HTTP upstream. Both
+# take the direct pooled HTTP path. "litellm": any provider litellm knows, through litellm.
+Provider = Literal["embedded", "worker", "openai", "litellm"]
+HTTP_PROVIDERS = ("worker", "openai")
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
+
+
+class Capabilities(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    adapters: bool = False  # serves tenants' LoRA adapters (the embedded engine with LoRA on)
+    logprobs: bool = True
+
 
 class DeploymentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: Annotated[str, Field(min_length=1, max_length=128)]
+    name: Name
     model_name: Annotated[str, Field(min_length=1, max_length=512)]  # what clients ask for
-    provider: Literal["embedded", "openai"]
+    provider: Provider
+    # The upstream's model: a path or "default" (embedded), the worker's model name, or a
+    # litellm model string such as "openai/gpt-4o-mini".
     upstream_model: str | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
     api_key_env: str | None = None
-    tier: str = "standard"
-    input_price_per_1m: Decimal = Decimal(0)  # USD per million tokens
-    output_price_per_1m: Decimal = Decimal(0)
+    tier: Annotated[str, Field(min_length=1, max_length=64)] = "standard"
+    # USD per million tokens. None: litellm's cost map for litellm deployments, else free.
+    input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
+    output_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     context_window: Annotated[int, Field(ge=1)] = 8192
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    weight: Annotated[int, Field(ge=1, le=1000)] = 1  # share among equally good deployments
+    max_concurrency: Annotated[int, Field(ge=1)] | None = None  # in flight, per replica
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
     # Prefix-cache KV is private to each tenant unless an admin shares it on purpose (say, a
     # deployment whose public system prompt every tenant sends).
@@ -33,8 +53,12 @@ class DeploymentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentConfig:
-        if self.provider == "openai" and not self.base_url:
-            raise ValueError(f"deployment {self.name!r}: an openai provider needs base_url")
+        if self.provider in HTTP_PROVIDERS and not self.base_url:
+            raise ValueError(f"deployment {self.name!r}: a {self.provider} provider needs "
+                             "base_url")
+        if self.provider == "litellm" and not self.upstream_model:
+            raise ValueError(f"deployment {self.name!r}: a litellm provider needs "
+                             "upstream_model, e.g. 'openai/gpt-4o-mini'")
         return self
 
     def secret(self) -> str | None:
@@ -45,11 +69,12 @@ class DeploymentConfig(BaseModel):
             return os.environ.get(self.api_key_env)
         return None
 
-    def cost_micros(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """Cost in integer micro-USD, rounded up: a price per 1M tokens is micro-USD per token."""
-        exact = self.input_price_per_1m * prompt_tokens + self.output_price_per_1m * (
-            completion_tokens)
-        return math.ceil(exact)
+    def configured_price(self) -> Price | None:
+        """The price set in the config, or None where the provider's price list decides."""
+        if self.input_price_per_1m is None and self.output_price_per_1m is None:
+            return None
+        return Price(self.input_price_per_1m or Decimal(0),
+                     self.output_price_per_1m or Decimal(0))
 
     def public(self) -> dict[str, object]:
         """What the admin API shows: everything but the secret."""
@@ -58,9 +83,48 @@ class DeploymentConfig(BaseModel):
         return data
 
 
-def load_deployments_file(path: Path) -> list[DeploymentConfig]:
+@dataclass(frozen=True, slots=True)
+class Price:
+    """USD per million tokens, which is exactly micro-USD per token."""
+
+    input_per_1m: Decimal = Decimal(0)
+    output_per_1m: Decimal = Decimal(0)
+    source: str = "config"  # "config", "litellm" (its cost map) or "none"
+
+    def cost_micros(self, prompt_tokens: int, completion_tokens: int) -> int:
+        """Cost in integer micro-USD, rounded up."""
+        exact = self.input_per_1m * prompt_tokens + self.output_per_1m * completion_tokens
+        return math.ceil(exact)
+
+    @property
+    def per_1m(self) -> Decimal:
+        """One number to rank deployments by cost: input plus output per 1M tokens."""
+        return self.input_per_1m + self.output_per_1m
+
+
+class AliasConfig(BaseModel):
+    """A virtual model: deployments tried in order ("ordered") or cheapest first ("cost")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    deployments: Annotated[list[Name], Field(min_length=1)]
+    policy: Literal["ordered", "cost"] = "ordered"
+
+
+class RoutingFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    deployments: list[DeploymentConfig] = Field(default_factory=list)
+    aliases: list[AliasConfig] = Field(default_factory=list)
+
+
+def load_routing_file(path: Path) -> RoutingFile:
     raw = yaml.safe_load(path.read_text()) or {}
-    items = raw.get("deployments", []) if isinstance(raw, dict) else None
-    if not isinstance(items, list):
-        raise ValueError(f"{path}: expected a mapping with a 'deployments' list")
-    return [DeploymentConfig.model_validate(item) for item in items]
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping with 'deployments' (and 'aliases')")
+    return RoutingFile.model_validate(raw)
+
+
+def load_deployments_file(path: Path) -> list[DeploymentConfig]:
+    return load_routing_file(path).deployments

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from gateway.deployments.base import AdapterRef, Call, Deployment
+from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.errors import APIError, bad_request, unavailable
 from gateway.schemas.openai import OpenAIRequest
@@ -69,6 +69,12 @@ class EmbeddedDeployment(Deployment):
             await self.engine.remove_lora(engine_name, wait_s=wait_s)
             self._adapters.pop(engine_name, None)
             self._adapter_locks.pop(engine_name, None)
+
+    def adapter_residency(self, engine_name: str) -> str | None:
+        engine = self.engine.engine
+        if engine is None or engine.loras is None or engine_name not in self._adapters:
+            return None
+        return engine.loras.tier_of(engine_name)  # a racy read across threads: only a hint
 
     async def adapter_tiers(self) -> dict[str, str]:
         if not self.serves_adapters:
@@ -129,12 +135,12 @@ class EmbeddedDeployment(Deployment):
                               "retry later.", code="adapter_unavailable") from None
 
 
-def _api_error(exc: Exception, call: Call) -> APIError:
+def _api_error(exc: Exception, call: Call) -> APIError | UpstreamFailure:
     if isinstance(exc, UnknownAdapterError):  # being unloaded right now
         return unavailable(f"The model '{call.request.model}' is being unloaded; retry later.",
                            code="adapter_unavailable")
     if isinstance(exc, InvalidRequestError):
         return bad_request(str(exc), param=exc.param, code=exc.code)
-    if isinstance(exc, EngineOverloadedError):
-        return unavailable(str(exc))
-    return unavailable("the model worker has failed", code="worker_failed")
+    if isinstance(exc, EngineOverloadedError):  # another deployment may have room
+        return UpstreamFailure(503, str(exc), code="overloaded")
+    return UpstreamFailure(503, "the model worker has failed", code="worker_failed")

@@ -94,6 +94,7 @@ class HttpDeployment(Deployment):
         content_events = 0
         saw_usage = False
         event: list[bytes] = []
+        sent = False
         try:
             async for line in resp.content:
                 if line.strip():
@@ -115,9 +116,15 @@ class HttpDeployment(Deployment):
                     content_events += 1
                     if not saw_usage:  # until the upstream says, count one token per event
                         call.usage.completion_tokens = content_events
+                sent = True
                 yield data + b"\n"
-        except (TimeoutError, aiohttp.ClientError):
-            return  # headers are sent; the stream just ends, the usage so far is billed
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            failure = _failure(exc)
+            if not sent:
+                raise failure from None  # nothing reached the client: the router may retry
+            # Events are out, so no retry: end with an error event the client can see. The
+            # usage so far is billed.
+            yield error_event(failure.message, failure.code)
         finally:
             resp.close()
 
@@ -142,9 +149,13 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     if resp.status < 300:
         return
     raw = await resp.read()
-    message = _upstream_message(raw) or f"upstream returned HTTP {resp.status}"
+    message, code = _upstream_error(raw)
+    message = message or f"upstream returned HTTP {resp.status}"
     if resp.status in PASSTHROUGH_STATUSES:
-        raise APIError(resp.status, message, code="upstream_rejected")
+        # A prompt too long for this upstream keeps its code: the router then tries a
+        # deployment with a larger context window.
+        keep = code if code == "context_length_exceeded" else "upstream_rejected"
+        raise APIError(resp.status, message, code=keep)
     if resp.status == 429:
         raise UpstreamFailure(429, "the upstream is rate limiting; retry later",
                               code="upstream_rate_limited",
@@ -154,20 +165,30 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     raise UpstreamFailure(502, f"upstream error (HTTP {resp.status})")
 
 
+def error_event(message: str, code: str) -> bytes:
+    """An SSE event in OpenAI's error shape, for failures after the stream has started."""
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
 def _failure(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TimeoutError):
         return UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
     return UpstreamFailure(502, "could not reach the upstream", code="upstream_unreachable")
 
 
-def _upstream_message(raw: bytes) -> str | None:
+def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
+    """The message and code of an upstream error in OpenAI's shape."""
     try:
         error = json.loads(raw).get("error")
     except (ValueError, AttributeError):
-        return None
-    if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"][:2000]
-    return None
+        return None, None
+    if not isinstance(error, dict):
+        return None, None
+    message = error.get("message")
+    code = error.get("code")
+    return (message[:2000] if isinstance(message, str) else None,
+            code if isinstance(code, str) else None)
 
 
 def _usage_of(data: bytes) -> tuple[dict[str, Any], bool]:

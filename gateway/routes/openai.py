@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.deployments.registry import AUTO
 from gateway.deps import SessionDep, StateDep, TenantDep
 from gateway.errors import model_not_found
 from gateway.request_path import serve_completion
@@ -43,11 +44,14 @@ async def get_model(model: str, key: TenantDep, state: StateDep,
 
 
 def usable_models(state: GatewayState, key: KeyContext) -> list[str]:
-    return [
-        name for name in state.deployments.models()
-        if key.may_use_model(name) and any(key.may_use_tier(t)
-                                           for t in state.deployments.tiers(name))
-    ]
+    """Deployed models, then aliases and `auto`: those with a deployment the key may use."""
+    registry = state.deployments
+    names = [*registry.models(), *(a.name for a in registry.aliases())]
+    if registry.deployments():
+        names.append(AUTO)
+    return [name for name in names if any(
+        (key.may_use_model(d.config.model_name) or key.may_use_model(name))
+        and key.may_use_tier(d.config.tier) for d in registry.route(name).deployments)]
 
 
 async def usable_adapters(state: GatewayState, session: AsyncSession, key: KeyContext
@@ -56,7 +60,7 @@ async def usable_adapters(state: GatewayState, session: AsyncSession, key: KeyCo
     may use the base model and a deployment of it serves adapters."""
     bases = {name for name in usable_models(state, key) if any(
         d.serves_adapters and key.may_use_tier(d.config.tier)
-        for d in state.deployments.route(name))}
+        for d in state.deployments.route(name).deployments)}
     names: list[str] = []
     for adapter in await adapter_rows.list_adapters(session, tenant_id=key.tenant_id):
         if adapter.base_model in bases and key.may_use_adapter(adapter.name):

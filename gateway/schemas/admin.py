@@ -15,6 +15,12 @@ _NO_NUL = r"^[^\x00]*$"
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL)]
 Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=512, pattern=_NO_NUL)]],
                   Field(max_length=1000)]
+# Response-cache settings (see tenancy.models.CACHE_MODES); a None threshold or TTL means
+# "the gateway's default".
+CacheMode = Literal["off", "auto", "exact", "semantic"]
+Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # cosine similarity
+TtlSeconds = Annotated[int, Field(ge=1, le=2**31 - 1)]
+Percent = Annotated[int, Field(ge=0, le=100)]
 # Ids of plans, tenants and keys, in paths and bodies: anything else names nothing.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=64,
                                       pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -51,6 +57,10 @@ class PlanCreate(_In):
     budget_period: Literal["month", "day"] = "month"
     allowed_models: Names | None = None
     allowed_tiers: Names | None = None
+    cache_mode: CacheMode = "auto"
+    semantic_threshold: Threshold | None = None
+    cache_ttl_s: TtlSeconds | None = None
+    cache_hit_price_percent: Percent = 0
 
 
 class PlanUpdate(_In):
@@ -62,6 +72,10 @@ class PlanUpdate(_In):
     budget_period: Literal["month", "day"] | None = None
     allowed_models: Names | None = None
     allowed_tiers: Names | None = None
+    cache_mode: CacheMode | None = None
+    semantic_threshold: Threshold | None = None
+    cache_ttl_s: TtlSeconds | None = None
+    cache_hit_price_percent: Percent | None = None
 
 
 class PlanOut(_Out):
@@ -75,16 +89,24 @@ class PlanOut(_Out):
     allowed_models: list[str] | None
     allowed_tiers: list[str] | None
     created_at: datetime
+    cache_mode: str
+    semantic_threshold: float | None
+    cache_ttl_s: int | None
+    cache_hit_price_percent: int
 
 
 class TenantCreate(_In):
     name: Name
     plan_id: Id
+    semantic_threshold: Threshold | None = None
 
 
 class TenantUpdate(_In):
+    """Fields left out change nothing; an explicit null semantic_threshold clears it."""
+
     plan_id: Id | None = None
     status: Literal["active", "suspended"] | None = None
+    semantic_threshold: Threshold | None = None
 
 
 class TenantOut(_Out):
@@ -93,6 +115,7 @@ class TenantOut(_Out):
     plan_id: str
     status: str
     created_at: datetime
+    semantic_threshold: float | None
 
 
 class KeyCreate(_In):

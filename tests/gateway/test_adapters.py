@@ -422,7 +422,9 @@ async def test_unload_waits_for_requests_and_reloads_lazily(world, reference, pe
     folder = stored_files(world.adapter_dir)[0].parent
 
     async def long_stream() -> str:
-        r = await client.post("/v1/chat/completions", headers=bearer(a.key), json={
+        # Not from the response cache: this must run on the engine each time.
+        r = await client.post("/v1/chat/completions", headers={
+            **bearer(a.key), "cache-control": "no-cache"}, json={
             "model": "tiny:ft", "messages": MESSAGES, "max_tokens": 600, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
         assert r.status_code == 200, r.text

@@ -176,6 +176,121 @@ async def test_suspended_tenant_is_refused_and_reactivated(admin):
     assert ok(await c.get("/v1/models", headers=models))
 
 
+# --- response-cache settings --------------------------------------------------------------
+
+CACHE_DEFAULTS = {"cache_mode": "auto", "semantic_threshold": None, "cache_ttl_s": None,
+                  "cache_hit_price_percent": 0}
+
+
+async def test_plan_cache_settings_create_patch_and_clear(admin):
+    c = admin.client
+    plain = ok(await c.post("/admin/plans", json={"name": "plain"}), 201)
+    assert {k: plain[k] for k in CACHE_DEFAULTS} == CACHE_DEFAULTS
+
+    plan = ok(await c.post("/admin/plans", json={
+        "name": "cached", "cache_mode": "semantic", "semantic_threshold": 0.9,
+        "cache_ttl_s": 600, "cache_hit_price_percent": 10}), 201)
+    assert (plan["cache_mode"], plan["semantic_threshold"], plan["cache_ttl_s"],
+            plan["cache_hit_price_percent"]) == ("semantic", 0.9, 600, 10)
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan
+
+    # Absent fields stay as they are.
+    patched = ok(await c.patch(f"/admin/plans/{plan['id']}", json={
+        "cache_mode": "exact", "cache_hit_price_percent": 100}))
+    assert patched == {**plan, "cache_mode": "exact", "cache_hit_price_percent": 100}
+    # An explicit null clears the threshold and TTL back to the gateway's defaults.
+    cleared = ok(await c.patch(f"/admin/plans/{plan['id']}", json={
+        "semantic_threshold": None, "cache_ttl_s": None}))
+    assert cleared == {**patched, "semantic_threshold": None, "cache_ttl_s": None}
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == cleared
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"cache_mode": "sometimes"}, "cache_mode"),
+    ({"semantic_threshold": 0}, "semantic_threshold"),
+    ({"semantic_threshold": -0.2}, "semantic_threshold"),
+    ({"semantic_threshold": 1.5}, "semantic_threshold"),
+    ({"semantic_threshold": "high"}, "semantic_threshold"),
+    ({"cache_ttl_s": 0}, "cache_ttl_s"),
+    ({"cache_ttl_s": 2**31}, "cache_ttl_s"),
+    ({"cache_hit_price_percent": 101}, "cache_hit_price_percent"),
+    ({"cache_hit_price_percent": -1}, "cache_hit_price_percent"),
+    ({"cache_hit_price_percent": None}, "cache_hit_price_percent"),
+])
+async def test_bad_plan_cache_settings_are_400(admin, body, param):
+    c = admin.client
+    assert_error(await c.post("/admin/plans", json={"name": "x", **body}), 400, param=param)
+    plan = ok(await c.post("/admin/plans", json={"name": "y"}), 201)
+    # On PATCH a null that is not allowed reaches the service (400 without a param).
+    error = assert_error(await c.patch(f"/admin/plans/{plan['id']}", json=body), 400)
+    assert param in error["message"] or error["param"] == param
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan  # nothing half-applied
+    assert "x" not in {p["name"] for p in ok(await c.get("/admin/plans"))}
+
+
+async def test_patching_cache_mode_to_null_is_400(admin):
+    c = admin.client
+    plan = ok(await c.post("/admin/plans", json={"name": "gold", "cache_mode": "off"}), 201)
+    error = assert_error(await c.patch(f"/admin/plans/{plan['id']}",
+                                       json={"cache_mode": None}), 400)
+    assert "cache_mode" in error["message"]
+    assert ok(await c.get(f"/admin/plans/{plan['id']}"))["cache_mode"] == "off"
+
+
+async def test_tenant_semantic_threshold_set_keep_and_clear(admin):
+    c = admin.client
+    tenant = ok(await c.post("/admin/tenants", json={
+        "name": "globex", "plan_id": admin.tenant.plan_id, "semantic_threshold": 0.9}), 201)
+    assert tenant["semantic_threshold"] == 0.9
+    assert ok(await c.get(f"/admin/tenants/{admin.tenant.tenant_id}"))["semantic_threshold"] is None
+
+    changed = ok(await c.patch(f"/admin/tenants/{tenant['id']}",
+                               json={"semantic_threshold": 0.95}))
+    assert changed == {**tenant, "semantic_threshold": 0.95}
+    # A PATCH without the field keeps it; an explicit null clears it.
+    suspended = ok(await c.patch(f"/admin/tenants/{tenant['id']}", json={"status": "suspended"}))
+    assert suspended == {**changed, "status": "suspended"}
+    cleared = ok(await c.patch(f"/admin/tenants/{tenant['id']}",
+                               json={"semantic_threshold": None}))
+    assert cleared == {**suspended, "semantic_threshold": None}
+    assert ok(await c.get(f"/admin/tenants/{tenant['id']}")) == cleared
+    # plan_id and status keep their old meaning: null changes nothing.
+    assert ok(await c.patch(f"/admin/tenants/{tenant['id']}",
+                            json={"plan_id": None, "status": None})) == cleared
+
+    for bad in (0, 1.01, -1, "high"):
+        assert_error(await c.patch(f"/admin/tenants/{tenant['id']}",
+                                   json={"semantic_threshold": bad}), 400,
+                     param="semantic_threshold")
+        assert_error(await c.post("/admin/tenants", json={
+            "name": "bad", "plan_id": admin.tenant.plan_id, "semantic_threshold": bad}), 400,
+            param="semantic_threshold")
+    assert ok(await c.get(f"/admin/tenants/{tenant['id']}")) == cleared
+
+
+async def test_cache_setting_edits_reach_the_cached_key_context(admin):
+    """Plan and tenant edits bump the auth version, so the gateway's KeyContext follows."""
+    c, tenant = admin.client, admin.tenant
+    keys = c._transport.app.state.gateway.keys  # type: ignore[attr-defined]
+    auth = f"Bearer {tenant.key}"
+    ctx = await keys.tenant(auth)  # now cached
+    assert ctx.plan.cache_mode == "auto" and ctx.semantic_threshold(0.5) == 0.5
+
+    ok(await c.patch(f"/admin/plans/{tenant.plan_id}", json={
+        "cache_mode": "semantic", "semantic_threshold": 0.8, "cache_ttl_s": 30,
+        "cache_hit_price_percent": 5}))
+    ctx = await keys.tenant(auth)
+    assert (ctx.plan.cache_mode, ctx.plan.semantic_threshold, ctx.plan.cache_ttl_s,
+            ctx.plan.cache_hit_price_percent) == ("semantic", 0.8, 30, 5)
+    assert ctx.semantic_threshold(0.5) == 0.8
+
+    ok(await c.patch(f"/admin/tenants/{tenant.tenant_id}", json={"semantic_threshold": 0.99}))
+    ctx = await keys.tenant(auth)
+    assert ctx.tenant_semantic_threshold == 0.99 and ctx.semantic_threshold(0.5) == 0.99
+    ok(await c.patch(f"/admin/tenants/{tenant.tenant_id}", json={"semantic_threshold": None}))
+    assert (await keys.tenant(auth)).semantic_threshold(0.5) == 0.8
+
+
 # --- tenant keys --------------------------------------------------------------------------
 
 
@@ -200,7 +315,7 @@ async def test_keys_create_shows_the_key_once(admin):
         assert secret not in response.text and "secret_hash" not in response.text
 
     models = ok(await c.get("/v1/models", headers=bearer(full)))
-    assert [m["id"] for m in models["data"]] == ["mock-model"]
+    assert [m["id"] for m in models["data"]] == ["mock-model", "auto"]
 
 
 async def test_keys_revoke(admin):
@@ -291,14 +406,14 @@ async def test_deployment_added_at_runtime_serves_then_goes(admin, mock_upstream
     assert seen["headers"]["authorization"] == "Bearer sk-extra-secret"
     assert seen["body"]["model"] == "extra-upstream"
     models = ok(await c.get("/v1/models", headers=tenant_auth))
-    assert [m["id"] for m in models["data"]] == ["extra-model", "mock-model"]
+    assert [m["id"] for m in models["data"]] == ["extra-model", "mock-model", "auto"]
 
     assert ok(await c.delete("/admin/deployments/extra"))["name"] == "extra"
     r = await c.post("/v1/chat/completions", json=body, headers=tenant_auth)
     assert_error(r, 404, code="model_not_found", param="model")
     assert_error(await c.delete("/admin/deployments/extra"), 404)
     models = ok(await c.get("/v1/models", headers=tenant_auth))
-    assert [m["id"] for m in models["data"]] == ["mock-model"]
+    assert [m["id"] for m in models["data"]] == ["mock-model", "auto"]
 
 
 @pytest.mark.parametrize(("change", "status"), [

@@ -155,10 +155,10 @@ async def world(db_url, tmp_path, mock_upstream) -> AsyncIterator[World]:
 
 async def test_models_list_only_what_each_key_may_use(world):
     a, b = world.a.callers, world.b.callers
-    assert await a["initech-main"].models() == [MOCK]
-    assert await a["initech-spare"].models() == [MOCK]
-    assert await b["umbrella-main"].models() == [MOCK, PREMIUM]
-    assert await b["umbrella-premium"].models() == [PREMIUM]
+    assert await a["initech-main"].models() == [MOCK, "auto"]
+    assert await a["initech-spare"].models() == [MOCK, "auto"]
+    assert await b["umbrella-main"].models() == [MOCK, PREMIUM, "auto"]
+    assert await b["umbrella-premium"].models() == [PREMIUM, "auto"]
 
     assert ok(await b["umbrella-main"].request("GET", f"/v1/models/{PREMIUM}"))["id"] == PREMIUM
     hidden = await a["initech-main"].request("GET", f"/v1/models/{PREMIUM}")
@@ -258,7 +258,7 @@ async def test_another_tenants_adapter_does_not_exist(world, db_url):
     await same_as_unknown("POST", "/v1/adapters/{}/unload", "umbrella-adapter")
     await same_as_unknown("DELETE", "/v1/adapters/{}", "umbrella-adapter")
     assert ok(await a.request("GET", "/v1/adapters")) == []
-    assert await a.models() == [MOCK]
+    assert await a.models() == [MOCK, "auto"]
 
     # B sees its own adapter, which no HTTP upstream can serve.
     b = world.b.callers["umbrella-main"]

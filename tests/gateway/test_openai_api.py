@@ -111,7 +111,7 @@ async def test_provider_drops_unknown_fields(gw, mock_upstream):
 
 async def test_models_lists_deployments(gw):
     r = await gw.get("/v1/models")
-    assert [m["id"] for m in r.json()["data"]] == ["mock-model", "tiny"]
+    assert [m["id"] for m in r.json()["data"]] == ["mock-model", "tiny", "auto"]
     assert (await gw.get("/v1/models/tiny")).json()["id"] == "tiny"
     assert_error(await gw.get("/v1/models/nope"), 404, code="model_not_found")
 

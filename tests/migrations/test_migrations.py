@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from tenancy.db import make_engine
 from tenancy.migrate import MIGRATIONS_DIR, alembic_config, downgrade, upgrade
@@ -17,7 +20,7 @@ from tenancy.models import Base
 
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
           "adapters"}
-HEAD = "0002"
+HEAD = "0003"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -124,6 +127,8 @@ def test_offline_sql_renders_for_postgres(capsys) -> None:
     assert "CREATE TABLE plans" in sql and "TIMESTAMP WITH TIME ZONE" in sql
     assert "INSERT INTO auth_state" in sql
     assert "CREATE TABLE adapters" in sql and "uq_adapters_tenant_id_alias" in sql
+    assert "ADD COLUMN cache_mode" in sql and "ck_plans_cache_mode" in sql
+    assert "ADD COLUMN cache_hit" in sql
 
 
 async def test_upgrade_on_a_caller_provided_connection(blank_db_url: str) -> None:
@@ -142,3 +147,76 @@ async def test_upgrade_on_a_caller_provided_connection(blank_db_url: str) -> Non
     finally:
         await engine.dispose()
     assert await _inspect(blank_db_url, _tables) == TABLES | {"alembic_version"}
+
+
+# --- 0003: cache settings -----------------------------------------------------------------
+
+_CACHE_COLUMNS = {
+    "plans": {"cache_mode", "semantic_threshold", "cache_ttl_s", "cache_hit_price_percent"},
+    "tenants": {"semantic_threshold"},
+    "usage_records": {"cache_hit"},
+}
+_T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def _columns(conn: Connection) -> dict[str, set[str]]:
+    inspector = inspect(conn)
+    return {table: {c["name"] for c in inspector.get_columns(table)} for table in _CACHE_COLUMNS}
+
+
+def _seed_0002(conn: Connection) -> None:
+    """Rows as they were before 0003: the new NOT NULL columns must get server defaults."""
+    conn.execute(text("INSERT INTO plans (id, name, budget_period, created_at) "
+                      "VALUES ('p1', 'pro', 'month', :t)"), {"t": _T0})
+    conn.execute(text("INSERT INTO tenants (id, name, plan_id, status, created_at) "
+                      "VALUES ('t1', 'acme', 'p1', 'active', :t)"), {"t": _T0})
+    conn.execute(text(
+        "INSERT INTO usage_records (request_id, tenant_id, model, deployment, prompt_tokens, "
+        "completion_tokens, cached_tokens, cost_micros, status, created_at) "
+        "VALUES ('r1', 't1', 'm', 'd', 1, 2, 0, 3, 'ok', :t)"), {"t": _T0})
+    conn.commit()
+
+
+def _cache_rows(conn: Connection) -> tuple[Any, ...]:
+    plan = conn.execute(text("SELECT cache_mode, semantic_threshold, cache_ttl_s, "
+                             "cache_hit_price_percent FROM plans")).one()
+    tenant = conn.execute(text("SELECT semantic_threshold FROM tenants")).one()
+    usage = conn.execute(text("SELECT cache_hit FROM usage_records")).one()
+    return tuple(plan), tuple(tenant), tuple(usage)
+
+
+def _bad_cache_mode(conn: Connection) -> None:
+    with pytest.raises(IntegrityError):
+        conn.execute(text("UPDATE plans SET cache_mode = 'always'"))
+    conn.rollback()
+    conn.execute(text("UPDATE plans SET cache_mode = 'semantic'"))
+    conn.rollback()
+
+
+def _names(conn: Connection) -> tuple[list[str], ...]:
+    queries = ("SELECT name FROM plans", "SELECT name FROM tenants",
+               "SELECT request_id FROM usage_records")
+    return tuple([row[0] for row in conn.execute(text(sql))] for sql in queries)
+
+
+async def test_cache_settings_migration_fills_existing_rows(blank_db_url: str) -> None:
+    """0003 alone, on data: defaults for old rows, the CHECK holds, downgrade keeps the rows."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0002")
+    await _inspect(blank_db_url, _seed_0002)
+    await asyncio.to_thread(upgrade, blank_db_url)
+    columns = await _inspect(blank_db_url, _columns)
+    assert all(_CACHE_COLUMNS[table] <= columns[table] for table in _CACHE_COLUMNS)
+    assert await _inspect(blank_db_url, _cache_rows) == (("auto", None, None, 0), (None,),
+                                                         ("none",))
+    await _inspect(blank_db_url, _bad_cache_mode)
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0002")
+    columns = await _inspect(blank_db_url, _columns)
+    assert all(not _CACHE_COLUMNS[table] & columns[table] for table in _CACHE_COLUMNS)
+    assert await _inspect(blank_db_url, _names) == (["pro"], ["acme"], ["r1"])
+    assert (await _inspect(blank_db_url, _state))[1] == "0002"
+
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _cache_rows) == (("auto", None, None, 0), (None,),
+                                                         ("none",))
+    assert await _inspect(blank_db_url, _diff) == []

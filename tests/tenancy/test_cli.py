@@ -69,13 +69,25 @@ def test_commands_end_to_end(cli: Cli, db_path: Path, tmp_path: Path) -> None:
     assert plan["budget_micros"] == 12_345_678 and plan["budget_period"] == "day"
     assert plan["allowed_models"] == ["m1", "m2"] and plan["allowed_tiers"] == ["economy"]
     assert (plan["rpm"], plan["tpm"], plan["max_concurrent"]) == (60, 100_000, 4)
+    assert (plan["cache_mode"], plan["semantic_threshold"], plan["cache_ttl_s"],
+            plan["cache_hit_price_percent"]) == ("auto", None, None, 0)
     free = cli.ok("plans", "create", "--name", "free")
     assert free["rpm"] is None and free["allowed_models"] is None
-    assert [p["name"] for p in cli.ok("plans", "list")] == ["pro", "free"]
+    cached = cli.ok(
+        "plans", "create", "--name", "cached", "--cache-mode", "semantic",
+        "--semantic-threshold", "0.85", "--cache-ttl-s", "600", "--cache-hit-price-percent", "20",
+    )  # fmt: skip
+    assert (cached["cache_mode"], cached["semantic_threshold"], cached["cache_ttl_s"],
+            cached["cache_hit_price_percent"]) == ("semantic", 0.85, 600, 20)
+    assert [p["name"] for p in cli.ok("plans", "list")] == ["pro", "free", "cached"]
 
     tenant = cli.ok("tenants", "create", "--name", "acme", "--plan", "pro")
     assert tenant["plan_id"] == plan["id"] and tenant["status"] == "active"
-    assert [t["id"] for t in cli.ok("tenants", "list")] == [tenant["id"]]
+    assert tenant["semantic_threshold"] is None
+    picky = cli.ok("tenants", "create", "--name", "picky", "--plan", "cached",
+                   "--semantic-threshold", "0.97")
+    assert picky["semantic_threshold"] == 0.97 and picky["plan_id"] == cached["id"]
+    assert [t["id"] for t in cli.ok("tenants", "list")] == [tenant["id"], picky["id"]]
 
     created = cli.ok(
         "keys", "create", "--tenant", tenant["id"], "--name", "ci", "--expires-in-days", "30",
@@ -135,6 +147,13 @@ def test_errors_go_to_stderr_with_a_non_zero_exit(cli: Cli) -> None:
         ["plans", "create", "--name", "x", "--budget-usd", "-5"],
         ["plans", "create", "--name", "x", "--budget-usd", "lots"],
         ["plans", "create", "--name", "x", "--budget-period", "week"],
+        ["plans", "create", "--name", "x", "--cache-mode", "sometimes"],
+        ["plans", "create", "--name", "x", "--semantic-threshold", "0"],
+        ["plans", "create", "--name", "x", "--semantic-threshold", "1.5"],
+        ["plans", "create", "--name", "x", "--semantic-threshold", "nan"],
+        ["plans", "create", "--name", "x", "--cache-ttl-s", "0"],
+        ["plans", "create", "--name", "x", "--cache-hit-price-percent", "101"],
+        ["tenants", "create", "--name", "x", "--plan", "p", "--semantic-threshold", "-1"],
         ["keys", "create", "--tenant", "t", "--expires-in-days", "0"],
         ["plans"],
         ["tenants", "create", "--name", "x"],

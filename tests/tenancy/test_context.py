@@ -77,3 +77,17 @@ def test_snapshots_are_immutable_and_hide_hashes_in_repr() -> None:
     assert "f" * 64 not in repr(ctx)
     admin = AdminContext(key_id="k", name="ops", secret_hash="e" * 64, revoked=False)
     assert "e" * 64 not in repr(admin)
+
+
+def test_cache_settings_default_and_semantic_threshold_precedence() -> None:
+    plan = PlanLimits()
+    assert (plan.cache_mode, plan.semantic_threshold, plan.cache_ttl_s,
+            plan.cache_hit_price_percent) == ("auto", None, None, 0)
+    assert make_ctx().tenant_semantic_threshold is None
+    assert make_ctx().semantic_threshold(0.92) == 0.92  # neither: the gateway's default
+    planned = make_ctx(plan=PlanLimits(cache_mode="semantic", semantic_threshold=0.8))
+    assert planned.semantic_threshold(0.92) == 0.8
+    both = make_ctx(plan=PlanLimits(semantic_threshold=0.8), tenant_semantic_threshold=0.95)
+    assert both.semantic_threshold(0.92) == 0.95
+    tenant_only = make_ctx(tenant_semantic_threshold=0.7)
+    assert tenant_only.semantic_threshold(0.92) == 0.7

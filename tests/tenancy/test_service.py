@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from tenancy import service
 from tenancy.db import make_sessionmaker
 from tenancy.keys import parse_key, verify_secret
-from tenancy.models import ApiKey, Tenant
+from tenancy.models import ApiKey, Plan, Tenant, UsageRecord
 from tenancy.service import ConflictError, InvalidError, NotFoundError
 
 
@@ -103,6 +104,14 @@ async def test_every_mutation_bumps_the_auth_version(session: AsyncSession, pepp
     tenant = await service.create_tenant(session, name="t", plan_id=plan.id)
     await bumped()
     await service.update_tenant(session, tenant_id=tenant.id, status="suspended")
+    await bumped()
+    # Cache settings reach cached KeyContexts the same way.
+    await service.update_plan(session, plan_id=plan.id, cache_mode="semantic",
+                              semantic_threshold=0.9, cache_ttl_s=60, cache_hit_price_percent=10)
+    await bumped()
+    await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=0.95)
+    await bumped()
+    await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=None)
     await bumped()
     key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
     await bumped()
@@ -374,3 +383,129 @@ async def test_usage_defaults_fill_missing_columns(session: AsyncSession) -> Non
     )
     (only,) = await service.usage_summary(session, tenant_id="t", since=before)
     assert (only.requests, only.prompt_tokens, only.cost_micros) == (1, 0, 0)
+
+
+# --- response-cache settings --------------------------------------------------------------
+
+
+async def test_cache_settings_default_and_round_trip(
+    session: AsyncSession, pepper: bytes
+) -> None:
+    plain = await make_tenant(session, "plain")
+    plain_key, _ = await service.create_api_key(session, tenant_id=plain.id, pepper=pepper)
+    ctx = await service.load_key_context(session, key_id=plain_key.id)
+    assert ctx is not None and ctx.tenant_semantic_threshold is None
+    assert (ctx.plan.cache_mode, ctx.plan.semantic_threshold, ctx.plan.cache_ttl_s,
+            ctx.plan.cache_hit_price_percent) == ("auto", None, None, 0)
+    assert ctx.semantic_threshold(0.92) == 0.92
+
+    plan = await service.create_plan(session, name="cached", cache_mode="semantic",
+                                     semantic_threshold=0.85, cache_ttl_s=3600,
+                                     cache_hit_price_percent=25)
+    tenant = await service.create_tenant(session, name="acme", plan_id=plan.id,
+                                         semantic_threshold=0.9)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    session.expunge_all()  # read back what the database holds, not the identity map
+    stored = await service.get_plan(session, plan_id=plan.id)
+    assert stored is not None
+    assert (stored.cache_mode, stored.semantic_threshold, stored.cache_ttl_s,
+            stored.cache_hit_price_percent) == ("semantic", 0.85, 3600, 25)
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None
+    assert (ctx.plan.cache_mode, ctx.plan.semantic_threshold, ctx.plan.cache_ttl_s,
+            ctx.plan.cache_hit_price_percent) == ("semantic", 0.85, 3600, 25)
+    assert ctx.tenant_semantic_threshold == 0.9 and ctx.semantic_threshold(0.5) == 0.9
+
+    # Leaving semantic_threshold out keeps it; None clears it back to the plan's.
+    moved = await service.update_tenant(session, tenant_id=tenant.id, status="active")
+    assert moved is not None and moved.semantic_threshold == 0.9
+    cleared = await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=None)
+    assert cleared is not None and cleared.semantic_threshold is None
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and ctx.semantic_threshold(0.5) == 0.85
+
+    updated = await service.update_plan(session, plan_id=plan.id, cache_mode="off",
+                                        semantic_threshold=None, cache_ttl_s=None,
+                                        cache_hit_price_percent=100)
+    assert updated is not None and updated.cache_mode == "off"
+    session.expunge_all()
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None
+    assert (ctx.plan.cache_mode, ctx.plan.semantic_threshold, ctx.plan.cache_ttl_s,
+            ctx.plan.cache_hit_price_percent) == ("off", None, None, 100)
+    assert ctx.semantic_threshold(0.5) == 0.5
+    # An integer threshold of 1 is stored as the float 1.0 (exact matches only).
+    one = await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=1)
+    assert one is not None and one.semantic_threshold == 1.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cache_mode": "sometimes"}, "cache_mode must be one of off, auto, exact, semantic"),
+        ({"cache_mode": None}, "cache_mode must be one of"),
+        ({"semantic_threshold": 0}, "semantic_threshold must be a number in (0, 1]"),
+        ({"semantic_threshold": -0.5}, "semantic_threshold"),
+        ({"semantic_threshold": 1.01}, "semantic_threshold"),
+        ({"semantic_threshold": float("nan")}, "semantic_threshold"),
+        ({"semantic_threshold": True}, "semantic_threshold"),
+        ({"semantic_threshold": "0.9"}, "semantic_threshold"),
+        ({"cache_ttl_s": 0}, "cache_ttl_s must be an integer in [1, 2147483647] or null"),
+        ({"cache_ttl_s": 2**31}, "cache_ttl_s"),
+        ({"cache_ttl_s": 1.5}, "cache_ttl_s"),
+        ({"cache_hit_price_percent": -1}, "cache_hit_price_percent must be an integer in [0, 100]"),
+        ({"cache_hit_price_percent": 101}, "cache_hit_price_percent"),
+        ({"cache_hit_price_percent": None}, "cache_hit_price_percent"),
+        ({"cache_hit_price_percent": 50.0}, "cache_hit_price_percent"),
+    ],
+)
+async def test_cache_settings_validation(
+    session: AsyncSession, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidError, match=re.escape(message)):
+        await service.create_plan(session, name="bad", **fields)  # type: ignore[arg-type]
+    plan = await service.create_plan(session, name="good")
+    with pytest.raises(InvalidError, match=re.escape(message)):
+        await service.update_plan(session, plan_id=plan.id, **fields)
+    session.expunge_all()
+    stored = await service.get_plan(session, plan_id=plan.id)
+    assert stored is not None and (stored.cache_mode, stored.cache_hit_price_percent) == ("auto", 0)
+    assert [p.name for p in await service.list_plans(session)] == ["good"]
+
+
+@pytest.mark.parametrize("threshold", [0, -0.1, 1.5, float("inf"), True])
+async def test_tenant_threshold_validation(session: AsyncSession, threshold: object) -> None:
+    plan = await service.create_plan(session, name="p")
+    with pytest.raises(InvalidError, match="semantic_threshold"):
+        await service.create_tenant(session, name="bad", plan_id=plan.id,
+                                    semantic_threshold=threshold)  # type: ignore[arg-type]
+    tenant = await service.create_tenant(session, name="ok", plan_id=plan.id,
+                                         semantic_threshold=0.8)
+    with pytest.raises(InvalidError, match="semantic_threshold"):
+        await service.update_tenant(session, tenant_id=tenant.id,
+                                    semantic_threshold=threshold)  # type: ignore[arg-type]
+    session.expunge_all()
+    stored = await service.get_tenant(session, tenant_id=tenant.id)
+    assert stored is not None and stored.semantic_threshold == 0.8
+
+
+async def test_cache_mode_check_constraint(session: AsyncSession) -> None:
+    """The database refuses an unknown mode even past the service's validation."""
+    session.add(Plan(name="raw", cache_mode="always"))
+    with pytest.raises(IntegrityError):
+        await session.commit()
+    await session.rollback()
+
+
+async def test_usage_records_carry_the_cache_hit_kind(session: AsyncSession) -> None:
+    base = {"tenant_id": "t", "key_id": None, "model": "m"}
+    await service.record_usage(session, records=[
+        {**base, "request_id": "miss"},  # no cache_hit key: the default fills it
+        {**base, "request_id": "exact", "cache_hit": "exact", "cost_micros": 0},
+        {**base, "request_id": "semantic", "cache_hit": "semantic"},
+    ])
+    rows = await session.execute(
+        select(UsageRecord.request_id, UsageRecord.cache_hit).order_by(UsageRecord.request_id)
+    )
+    assert [tuple(row) for row in rows] == [("exact", "exact"), ("miss", "none"),
+                                            ("semantic", "semantic")]

@@ -203,11 +203,20 @@ class LoRAManager:
             self._slot_lru.move_to_end(slot)
         return loads
 
+    def tier_of(self, name: str) -> str | None:
+        """Where a registered adapter is now, None if it is not registered."""
+        entry = self.entries.get(name)
+        return None if entry is None else self._tier(entry)
+
+    def _tier(self, entry: AdapterEntry) -> str:
+        if entry.lora_id in self.slot_of:
+            return "device"
+        return "cpu" if entry.adapter is not None else "disk"
+
     def status(self) -> list[AdapterStatus]:
         out = []
         for entry in self.entries.values():
-            tier = ("device" if entry.lora_id in self.slot_of
-                    else "cpu" if entry.adapter is not None else "disk")
+            tier = self._tier(entry)
             rank = getattr(entry.adapter, "rank", None)
             out.append(AdapterStatus(entry.name, tier, entry.pinned, entry.num_requests, rank))
         return out

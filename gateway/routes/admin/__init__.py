@@ -3,8 +3,17 @@
 from fastapi import APIRouter, Depends
 
 from gateway.deps import get_admin
-from gateway.routes.admin import adapters, admin_keys, deployments, keys, plans, tenants, usage
+from gateway.routes.admin import (
+    adapters,
+    admin_keys,
+    aliases,
+    deployments,
+    keys,
+    plans,
+    tenants,
+    usage,
+)
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(get_admin)])
-for module in (plans, tenants, keys, adapters, admin_keys, deployments, usage):
+for module in (plans, tenants, keys, adapters, admin_keys, deployments, aliases, usage):
     router.include_router(module.router)

@@ -1,45 +1,138 @@
-"""Deployments at runtime: list, add, remove (upstream secrets are never shown)."""
+"""Deployments at runtime: list with health and effective price, add, edit, remove, reset a
+breaker. Upstream secrets are never shown. Changes apply to this replica; the YAML file is
+what every replica starts from."""
 
 from __future__ import annotations
 
-from typing import Any
+from decimal import Decimal
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.deployments import DeploymentConfig
+from gateway.deployments.base import Deployment
+from gateway.deployments.config import Capabilities
 from gateway.deps import StateDep
-from gateway.errors import bad_request, conflict, not_found
+from gateway.errors import APIError, bad_request, conflict, not_found
+from gateway.state import GatewayState
 
 router = APIRouter(prefix="/deployments", tags=["admin"])
 
 
+class DeploymentEdit(BaseModel):
+    """What can change in place; absent fields stay as they are."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
+    output_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
+    context_window: Annotated[int, Field(ge=1)] | None = None
+    capabilities: Capabilities | None = None
+    weight: Annotated[int, Field(ge=1, le=1000)] | None = None
+    max_concurrency: Annotated[int, Field(ge=1)] | None = None
+    timeout_s: Annotated[float, Field(gt=0)] | None = None
+
+
 @router.get("")
 async def list_deployments(state: StateDep) -> list[dict[str, Any]]:
-    return [d.config.public() for d in state.deployments.deployments()]
+    return [describe(state, d) for d in state.deployments.deployments()]
+
+
+@router.get("/{name}")
+async def get_deployment(name: str, state: StateDep) -> dict[str, Any]:
+    return describe(state, _find(state, name))
 
 
 @router.post("", status_code=201)
 async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str, Any]:
-    if config.provider != "openai":
-        raise bad_request("Only 'openai' (HTTP) deployments can be added at runtime.",
-                          param="provider")
-    url = urlsplit(config.base_url or "")
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise bad_request("base_url must be an http:// or https:// URL with a host.",
-                          param="base_url")
+    if config.provider == "embedded":
+        raise bad_request("Embedded engines start with the gateway; add worker, openai or "
+                          "litellm deployments at runtime.", param="provider")
+    _check_url(config)
     if state.deployments.get(config.name) is not None:
         raise conflict(f"A deployment named '{config.name}' already exists.")
     deployment = state.build_deployment(config)
     await deployment.start()
-    state.deployments.add(deployment)
-    return config.public()
+    try:
+        state.deployments.add(deployment)
+    except ValueError as exc:
+        await deployment.close()
+        raise bad_request(str(exc), param="model_name") from None
+    return describe(state, deployment)
+
+
+@router.patch("/{name}")
+async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
+                          ) -> dict[str, Any]:
+    """Tier, prices, window, capabilities, weight and limits change without a restart."""
+    old = _find(state, name)
+    changes = edit.model_dump(exclude_unset=True)
+    if old.config.provider == "embedded" and set(changes) - {"tier", "input_price_per_1m",
+                                                             "output_price_per_1m", "weight"}:
+        raise bad_request("The embedded engine's window and capabilities come from its "
+                          "settings; only tier, prices and weight can change here.")
+    config = DeploymentConfig.model_validate({**old.config.model_dump(), **changes})
+    new = _rebuilt(state, old, config)
+    if config.provider != "embedded":
+        await new.start()
+    if config.configured_price() is None:
+        new.price = old.price  # as the provider's price list gave it at start
+    state.deployments.replace(old, new)
+    return describe(state, new)
 
 
 @router.delete("/{name}")
 async def remove_deployment(name: str, state: StateDep) -> dict[str, Any]:
-    deployment = state.deployments.remove(name)
+    deployment = _find(state, name)
+    if deployment.config.provider == "embedded":
+        raise bad_request("The embedded engine cannot be removed at runtime.")
+    info = describe(state, deployment)
+    state.deployments.remove(name)
+    await deployment.close()
+    return info
+
+
+@router.post("/{name}/breaker/reset")
+async def reset_breaker(name: str, state: StateDep) -> dict[str, Any]:
+    deployment = _find(state, name)
+    state.deployments.health(name).breaker.reset()
+    return describe(state, deployment)
+
+
+def describe(state: GatewayState, deployment: Deployment) -> dict[str, Any]:
+    price = deployment.price
+    return {
+        **deployment.config.public(),
+        "price": {"input_per_1m": str(price.input_per_1m),
+                  "output_per_1m": str(price.output_per_1m), "source": price.source},
+        "health": state.deployments.health(deployment.name).public(),
+    }
+
+
+def _find(state: GatewayState, name: str) -> Deployment:
+    deployment = state.deployments.get(name)
     if deployment is None:
         raise not_found(f"No deployment named '{name}'.")
-    await deployment.close()
-    return deployment.config.public()
+    return deployment
+
+
+def _check_url(config: DeploymentConfig) -> None:
+    if config.base_url is None:
+        return
+    url = urlsplit(config.base_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise bad_request("base_url must be an http:// or https:// URL with a host.",
+                          param="base_url")
+
+
+def _rebuilt(state: GatewayState, old: Deployment, config: DeploymentConfig) -> Deployment:
+    """The same upstream under the edited config: HTTP deployments share the pool, so a new
+    object costs nothing; the embedded engine keeps its engine."""
+    engine = getattr(old, "engine", None)
+    new = state.build_deployment(config, engine)
+    if new.__class__ is not old.__class__:
+        raise APIError(500, "deployment type changed", type_="server_error")
+    return new

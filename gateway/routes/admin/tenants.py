@@ -14,7 +14,8 @@ router = APIRouter(prefix="/tenants", tags=["admin"])
 
 @router.post("", status_code=201)
 async def create_tenant(body: TenantCreate, session: SessionDep) -> TenantOut:
-    tenant = await service.create_tenant(session, name=body.name, plan_id=body.plan_id)
+    tenant = await service.create_tenant(session, name=body.name, plan_id=body.plan_id,
+                                         semantic_threshold=body.semantic_threshold)
     return TenantOut.model_validate(tenant)
 
 
@@ -35,8 +36,9 @@ async def get_tenant(tenant_id: Id, session: SessionDep) -> TenantOut:
 async def update_tenant(
     tenant_id: Id, body: TenantUpdate, session: SessionDep, state: StateDep
 ) -> TenantOut:
-    tenant = await service.update_tenant(session, tenant_id=tenant_id, plan_id=body.plan_id,
-                                         status=body.status)
+    # Only the fields sent: an absent semantic_threshold is kept, an explicit null clears it.
+    fields = body.model_dump(exclude_unset=True)
+    tenant = await service.update_tenant(session, tenant_id=tenant_id, **fields)
     if tenant is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
     await state.watcher.catch_up()

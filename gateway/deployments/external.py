@@ -1,0 +1,481 @@
+"""Any provider litellm knows (OpenAI, Anthropic, Bedrock, Vertex, ...), through litellm as a
+library.
+
+litellm only translates one call to the provider's API and back: the gateway keeps its own
+auth, limits, routing, retries and billing. So litellm's retries, fallbacks, callbacks and
+telemetry are off, and its errors become the same UpstreamFailure / APIError the direct HTTP
+deployment raises, for the router to retry or fall back on.
+
+The upstream key and base URL are the deployment's, server-side. The call's keyword arguments
+are built from an allow-list of sampling fields, so nothing in a request body can reach
+litellm's api_base, api_key, extra_headers or mock_response arguments; and no message the
+client sees carries the key or the base URL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from decimal import Decimal
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
+from gateway.deployments.config import DeploymentConfig, Price
+from gateway.errors import APIError, bad_request, model_not_found
+from gateway.schemas.openai import OpenAIRequest
+
+logger = logging.getLogger(__name__)
+
+DONE = b"data: [DONE]\n\n"
+PASSTHROUGH_STATUSES = (400, 413, 422)
+CONTEXT_CODE = "context_length_exceeded"
+# What a request may set on the litellm call: sampling only, never where or how it connects.
+_SAMPLING = frozenset({
+    "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
+    "frequency_penalty", "user", "top_k", "min_p", "repetition_penalty", "min_tokens",
+    "ignore_eos", "logprobs",
+})
+CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"}
+TEXT_FIELDS = _SAMPLING | {"prompt"}
+# "litellm.BadRequestError: OpenAIException - the upstream's own words"
+_PREFIXES = re.compile(r"^(?:litellm\.\w+:\s*)*(?:\w+(?:Error|Exception)(?::|\s+-)\s*)*")
+_RETRY_AFTER = re.compile(r"^[\w ,:+-]{1,64}$")  # seconds or an HTTP date; nothing to inject
+
+_litellm: ModuleType | None = None
+_import_lock = threading.Lock()
+
+
+def load_litellm() -> ModuleType:
+    """litellm, imported once (seconds: start() runs this off the event loop) and quiet.
+
+    The local cost map is forced first, or the import fetches it over the network."""
+    global _litellm
+    if _litellm is not None:
+        return _litellm
+    with _import_lock:
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import litellm
+            import openai.resources  # noqa: F401 - else the first call imports it on the loop
+
+            litellm.suppress_debug_info = True
+            litellm.set_verbose = False
+            litellm.telemetry = False  # gone in recent releases; harmless where it is
+            litellm.turn_off_message_logging = True
+            litellm.disable_streaming_logging = True  # per-chunk logging work for no callback
+            litellm.num_retries = None
+            litellm.callbacks = []
+            litellm.success_callback = []
+            litellm.failure_callback = []
+            # Its loggers print to stderr on their own handler; the gateway maps and logs what
+            # matters (e.g. its logging worker warns each time a test opens a new event loop).
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+            _litellm = litellm
+    return _litellm
+
+
+class LiteLLMDeployment(Deployment):
+    """A deployment whose `upstream_model` is a litellm model string ("openai/gpt-4o-mini")."""
+
+    _live = 0  # started and not closed, over all instances: litellm's client cache is global
+
+    def __init__(self, config: DeploymentConfig) -> None:
+        super().__init__(config)
+        self._api_key = config.secret()
+        self._redact = _secrets_of(config.base_url, self._api_key)
+        self._started = False
+
+    async def start(self) -> None:
+        """Import litellm off the loop, check the model string, price it from the cost map."""
+        litellm = await asyncio.to_thread(load_litellm)
+        model = self.config.upstream_model or ""
+        try:
+            litellm.get_llm_provider(model=model, api_base=self.config.base_url)
+        except Exception:
+            raise bad_request(f"litellm does not know which provider serves {model!r}; use "
+                              "'provider/model', e.g. 'openai/gpt-4o-mini'.",
+                              param="upstream_model", code="invalid_value") from None
+        if self.config.configured_price() is None:
+            self.price = cost_map_price(litellm, model)
+            if self.price.source == "none":
+                logger.warning("deployment %s: litellm's cost map has no price for %r; it is "
+                               "served free unless the config sets input_price_per_1m and "
+                               "output_price_per_1m", self.name, model)
+        if not self._started:
+            self._started = True
+            LiteLLMDeployment._live += 1
+
+    async def close(self) -> None:
+        """The last one closed closes litellm's cached HTTP clients (else their connections
+        outlive the app); an edit starts the new deployment before closing the old one."""
+        if not self._started:
+            return
+        self._started = False
+        LiteLLMDeployment._live -= 1
+        if LiteLLMDeployment._live == 0:
+            await _close_litellm_clients()
+
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                adapter: AdapterRef | None = None) -> Call:
+        if adapter is not None:  # resolve never routes adapters here; refuse rather than drop
+            raise model_not_found(request.model)
+        # The same upper estimate as the HTTP deployment: no provider's tokenizer runs here.
+        count = len(request.messages) if chat else 1  # type: ignore[union-attr]
+        prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
+        window = self.config.context_window
+        if prompt_tokens >= window:
+            raise bad_request(
+                f"This model's maximum context length is {window} tokens; the prompt has "
+                f"about {prompt_tokens}.", param="messages" if chat else "prompt",
+                code=CONTEXT_CODE,
+            )
+        max_tokens = request.requested_max_tokens or (window - prompt_tokens)
+        return Call(request, chat, prompt_tokens=prompt_tokens,
+                    max_output_tokens=max_tokens * (request.n or 1))
+
+    async def complete(self, call: Call, *, request_id: str) -> bytes:
+        litellm = load_litellm()
+        send = litellm.acompletion if call.chat else litellm.atext_completion
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                response = await send(**self._kwargs(call, stream=False, request_id=request_id))
+        except Exception as exc:
+            raise self._failure(exc, call) from None
+        finally:
+            call.upstream_s += time.perf_counter() - started
+        data = _dump(response)
+        data["model"] = call.request.model  # the name the client asked for
+        _set_usage(call, data.get("usage"))
+        call.usage.finished = True
+        return _encode(_tidy(data))
+
+    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
+        """Waits for the first chunk, so a failure before it raises here (and the router can
+        still fall back); later failures just end the stream."""
+        litellm = load_litellm()
+        send = litellm.acompletion if call.chat else litellm.atext_completion
+        started = time.perf_counter()
+        deadline = asyncio.get_running_loop().time() + self.config.timeout_s
+        stream: Any = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                stream = await send(**self._kwargs(call, stream=True, request_id=request_id))
+                first = await _next(stream)
+        except Exception as exc:
+            if stream is not None:
+                await _close_upstream(stream)
+            raise self._failure(exc, call) from None
+        except BaseException:  # cancelled: the client left before the first chunk
+            if stream is not None:
+                await _close_upstream(stream)
+            raise
+        finally:
+            call.upstream_s += time.perf_counter() - started
+        return self._relay(stream, first, call, deadline)
+
+    async def _relay(self, stream: Any, first: Any, call: Call, deadline: float
+                     ) -> AsyncIterator[bytes]:
+        """Chunks as SSE events, as they come; closing this early closes the upstream stream."""
+        want_usage = call.request.include_usage
+        content_events = 0
+        saw_usage = False
+        chunk = first
+        try:
+            while chunk is not None:
+                data = _dump(chunk)
+                data["model"] = call.request.model
+                usage = data.pop("usage", None)
+                send = True
+                if _finishes(data) and _upstream_finished(stream) is False:
+                    break  # litellm's own "stop" for a stream the provider never finished
+                if usage:
+                    _set_usage(call, usage)
+                    saw_usage = True
+                    if not any(_says_something(c) for c in data.get("choices") or []):
+                        data["choices"] = []  # OpenAI's usage-only chunk
+                        send = want_usage
+                    if want_usage:
+                        data["usage"] = usage
+                else:
+                    content_events += 1
+                    if not saw_usage:  # until the upstream says, count one token per event
+                        call.usage.completion_tokens = content_events
+                if send:
+                    yield b"data: " + _encode(_tidy(data)) + b"\n\n"
+                async with asyncio.timeout_at(deadline):
+                    chunk = await _next(stream)
+            if _upstream_finished(stream) is False:
+                logger.warning("deployment %s: the stream ended unfinished", self.name)
+                return
+            call.usage.finished = True
+            yield DONE
+        except Exception as exc:  # the client has had bytes: end here, bill the usage so far
+            logger.warning("deployment %s: the stream failed midway (%s)", self.name,
+                           type(exc).__name__)
+        finally:
+            await _close_upstream(stream)
+
+    def _kwargs(self, call: Call, *, stream: bool, request_id: str) -> dict[str, Any]:
+        allowed = CHAT_FIELDS if call.chat else TEXT_FIELDS
+        kwargs = {k: v for k, v in call.request.upstream_body().items() if k in allowed}
+        kwargs.update(
+            model=self.config.upstream_model, stream=stream, timeout=self.config.timeout_s,
+            num_retries=0, max_retries=0, extra_headers={"x-request-id": request_id},
+        )
+        if stream:
+            kwargs["stream_options"] = {"include_usage": True}  # to settle the real usage
+        if self.config.base_url:
+            kwargs["api_base"] = self.config.base_url
+        if self._api_key:
+            kwargs["api_key"] = self._api_key
+        return kwargs
+
+    def _failure(self, exc: BaseException, call: Call) -> Exception:
+        """litellm's exception as the HTTP deployment would have reported the same upstream."""
+        if isinstance(exc, APIError | UpstreamFailure):
+            return exc
+        if _timed_out(exc):
+            return UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
+        if _unreachable(exc):
+            return UpstreamFailure(502, "could not reach the upstream",
+                                   code="upstream_unreachable")
+        status = getattr(exc, "status_code", None)
+        status = status if isinstance(status, int) else None
+        if _context_exceeded(exc, status):
+            message = self._message(exc) or "The prompt is longer than the model's context."
+            return bad_request(message, param="messages" if call.chat else "prompt",
+                               code=CONTEXT_CODE)
+        if status == 429:
+            return UpstreamFailure(429, "the upstream is rate limiting; retry later",
+                                   code="upstream_rate_limited", retry_after=_retry_after(exc))
+        if status in (401, 403):
+            return UpstreamFailure(502, "the upstream refused the gateway's credentials")
+        if status in PASSTHROUGH_STATUSES:
+            message = self._message(exc) or f"upstream returned HTTP {status}"
+            return APIError(status, message, code="upstream_rejected")
+        if status is not None and status >= 300:
+            return UpstreamFailure(502, f"upstream error (HTTP {status})")
+        logger.warning("deployment %s: litellm failed with %s", self.name, type(exc).__name__)
+        return UpstreamFailure(502, "upstream error")
+
+    def _message(self, exc: BaseException) -> str | None:
+        """The upstream's own words, without litellm's prefixes, the key or the base URL."""
+        body = getattr(exc, "body", None)
+        text = body.get("message") if isinstance(body, dict) else None
+        if not isinstance(text, str) or not text:
+            raw = getattr(exc, "message", None)
+            text = _PREFIXES.sub("", raw if isinstance(raw, str) else str(exc))
+        for secret in self._redact:
+            text = text.replace(secret, "[redacted]")
+        return text.strip()[:2000] or None
+
+
+async def _close_litellm_clients() -> None:
+    litellm = load_litellm()
+    try:
+        from litellm.llms.custom_httpx.async_client_cleanup import close_litellm_async_clients
+
+        await close_litellm_async_clients()
+        litellm.in_memory_llm_clients_cache.flush_cache()
+    except Exception as exc:  # best effort: an internal API of litellm's
+        logger.debug("closing litellm's clients failed: %r", exc)
+
+
+def cost_map_price(litellm: ModuleType, model: str) -> Price:
+    """USD per 1M tokens from litellm's local cost map, exactly (Decimal of the printed float);
+    Price(source="none") for a model the map lacks."""
+    try:
+        info = litellm.get_model_info(model=model)
+    except Exception:
+        return Price(source="none")
+    inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    if inp is None and out is None:
+        return Price(source="none")
+    return Price(_per_1m(inp), _per_1m(out), source="litellm")
+
+
+def _per_1m(per_token: Any) -> Decimal:
+    if per_token is None:
+        return Decimal(0)
+    return Decimal(str(per_token)) * 1_000_000
+
+
+def _secrets_of(base_url: str | None, api_key: str | None) -> tuple[str, ...]:
+    found = [api_key or ""]
+    if base_url:
+        parts = urlsplit(base_url)
+        found += [base_url, base_url.rstrip("/"), parts.netloc, parts.hostname or ""]
+    # Longest first, so a URL is replaced whole before its host is.
+    return tuple(sorted({s for s in found if len(s) >= 4}, key=len, reverse=True))
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(seen) < 16:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _timed_out(exc: BaseException) -> bool:
+    import httpx
+    import openai
+
+    return any(isinstance(e, TimeoutError | openai.APITimeoutError | httpx.TimeoutException)
+               for e in _chain(exc))
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """litellm 1.106 reports a refused connection as an InternalServerError("Connection
+    error."); what it wraps tells it from a real 500."""
+    import httpx
+    import openai
+
+    return any(isinstance(e, openai.APIConnectionError | httpx.ConnectError
+                          | httpx.NetworkError | ConnectionError) for e in _chain(exc))
+
+
+def _context_exceeded(exc: BaseException, status: int | None) -> bool:
+    litellm = load_litellm()
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return True
+    if status != 400:
+        return False
+    body = getattr(exc, "body", None)
+    code = getattr(exc, "code", None) or (body.get("code") if isinstance(body, dict) else None)
+    return code == CONTEXT_CODE
+
+
+def _retry_after(exc: BaseException) -> str | None:
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        for headers in (getattr(e, "litellm_response_headers", None),
+                        getattr(e, "headers", None), getattr(response, "headers", None)):
+            value = _header(headers, "retry-after")
+            if value is not None:
+                return value
+    return None
+
+
+def _header(headers: Any, name: str) -> str | None:
+    if headers is None or not hasattr(headers, "items"):
+        return None
+    try:
+        for key, value in headers.items():
+            if isinstance(key, str) and key.lower() == name and isinstance(value, str):
+                value = value.strip()
+                return value if _RETRY_AFTER.match(value) else None
+    except Exception:
+        return None
+    return None
+
+
+async def _next(stream: Any) -> Any:
+    """The next chunk, or None at the end."""
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        return None
+
+
+async def _close_upstream(stream: Any) -> None:
+    """Close the provider's stream (litellm's text wrapper has no aclose; its inner one does)."""
+    for _ in range(3):
+        if stream is None:
+            return
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            try:
+                await aclose()
+            except Exception as exc:
+                logger.debug("closing the upstream stream failed: %r", exc)
+            return
+        stream = getattr(stream, "completion_stream", None)
+
+
+def _upstream_finished(stream: Any) -> bool | None:
+    """Whether the provider itself said the stream was done (None: cannot tell).
+
+    litellm 1.106 closes a stream that just stops (no finish_reason, no [DONE]) with a
+    finish_reason "stop" and a usage chunk of its own making, so the chunks cannot tell a cut
+    stream from a finished one; its stream wrapper remembers what the provider sent."""
+    for wrapper in (stream, getattr(stream, "completion_stream", None)):
+        if wrapper is not None and hasattr(wrapper, "received_finish_reason"):
+            return bool(wrapper.received_finish_reason
+                        or getattr(wrapper, "intermittent_finish_reason", None))
+    return None
+
+
+def _finishes(data: dict[str, Any]) -> bool:
+    return any(isinstance(c, dict) and c.get("finish_reason") is not None
+               for c in data.get("choices") or [])
+
+
+def _dump(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        return dict(obj)
+    return obj.model_dump()
+
+
+def _encode(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str).encode()
+
+
+def _says_something(choice: Any) -> bool:
+    """Whether a stream choice carries anything (litellm pads the usage chunk with an empty
+    one, where OpenAI sends no choice at all)."""
+    if not isinstance(choice, dict):
+        return True
+    if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
+        return True
+    if choice.get("text") is not None:
+        return True
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return False
+    return any(v is not None for k, v in delta.items() if k != "provider_specific_fields")
+
+
+def _tidy(data: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's shape: without litellm's own fields and the nulls it pads messages with."""
+    data.pop("provider_specific_fields", None)
+    for key in ("citations", "moderation"):
+        if data.get(key) is None:
+            data.pop(key, None)
+    for choice in data.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        choice.pop("provider_specific_fields", None)
+        if "text" in choice:
+            if choice["text"] is None:
+                choice["text"] = ""
+            if choice.get("reasoning_content") is None:
+                choice.pop("reasoning_content", None)
+        for part, keep in (("message", {"content", "role"}), ("delta", set())):
+            inner = choice.get(part)
+            if isinstance(inner, dict):
+                inner.pop("provider_specific_fields", None)
+                for key in [k for k, v in inner.items() if v is None and k not in keep]:
+                    del inner[key]
+    return data
+
+
+def _set_usage(call: Call, usage: Any) -> None:
+    if not isinstance(usage, dict):
+        return
+    call.usage.prompt_tokens = int(usage.get("prompt_tokens") or call.usage.prompt_tokens)
+    call.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    if isinstance(details, dict):
+        call.usage.cached_tokens = int(details.get("cached_tokens") or 0)

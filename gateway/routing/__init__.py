@@ -1,0 +1,1 @@
+"""Where each request goes: policies over deployments, health, and fallbacks."""

@@ -1,0 +1,157 @@
+"""Try a plan's deployments in order until one answers, before the client sees a byte.
+
+A deployment is tried when its breaker lets a request through. Connection errors, timeouts,
+5xx and upstream 429s count against it and move on; a prompt too long for its context moves
+on to a deployment with a larger window; any other client error is the client's and is
+raised at once. A stream counts as answered once its first event is in hand: that event is
+what the client sees first, so nothing is ever retried after a byte has gone out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from gateway.deployments.base import Call, Deployment, UpstreamFailure
+from gateway.deployments.registry import DeploymentRegistry
+from gateway.errors import APIError
+from gateway.routing.health import DeploymentHealth
+
+CONTEXT_CODE = "context_length_exceeded"
+
+
+@dataclass
+class Served:
+    """The deployment that answered, its call, and the answer: JSON bytes, or a stream whose
+    first event has already arrived."""
+
+    deployment: Deployment
+    call: Call
+    result: bytes | AsyncIterator[bytes]
+    attempts: int
+    release: Callable[[], None] = field(repr=False, default=lambda: None)
+
+
+class AllAttemptsFailed(Exception):
+    def __init__(self, last: UpstreamFailure, attempts: int) -> None:
+        super().__init__(last.message)
+        self.last = last
+        self.attempts = attempts
+
+
+@dataclass
+class Fallbacks:
+    registry: DeploymentRegistry
+    max_attempts: int = 3
+    budget_s: float = 60.0  # the whole search, from the first attempt to the first byte
+
+    async def serve(self, order: list[Deployment], first_call: Call, *, stream: bool,
+                    request_id: str, prepare: Callable[[Deployment], Call],
+                    on_call: Callable[[Call], None] | None = None) -> Served:
+        """`prepare` makes the call for a later deployment (each counts its own tokens)."""
+        deadline = time.monotonic() + self.budget_s
+        attempts = 0
+        last: UpstreamFailure | None = None
+        context_error: APIError | None = None
+        too_small = 0  # a deployment whose window this prompt overflowed
+        for index, deployment in enumerate(order):
+            if attempts >= self.max_attempts or time.monotonic() >= deadline:
+                break
+            if deployment.config.context_window <= too_small:
+                continue
+            health = self.registry.health(deployment.name)
+            if not health.breaker.try_acquire():
+                continue
+            try:
+                call = first_call if index == 0 else prepare(deployment)
+            except APIError as exc:
+                health.breaker.release()
+                if exc.code != CONTEXT_CODE:
+                    raise
+                context_error = context_error or exc
+                too_small = max(too_small, deployment.config.context_window)
+                continue
+            if on_call is not None:
+                on_call(call)
+            attempts += 1
+            tag = request_id if attempts == 1 else f"{request_id}-{attempts}"
+            health.in_flight += 1
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(max(0.001, deadline - started)):
+                    result = await _attempt(deployment, call, stream=stream, request_id=tag)
+            except UpstreamFailure as exc:
+                health.in_flight -= 1
+                health.failed()
+                last = exc
+                continue
+            except TimeoutError:
+                health.in_flight -= 1
+                health.failed()
+                last = UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
+                continue
+            except APIError as exc:
+                health.in_flight -= 1
+                health.breaker.release()
+                if exc.code != CONTEXT_CODE:
+                    raise
+                context_error = context_error or exc
+                too_small = max(too_small, deployment.config.context_window)
+                continue
+            except BaseException:  # cancelled (the client left) or a bug: no verdict
+                health.in_flight -= 1
+                health.breaker.release()
+                raise
+            health.succeeded(time.monotonic() - started)
+            return Served(deployment, call, result, attempts, release=_once(health))
+        if last is None and context_error is not None:
+            raise context_error
+        raise AllAttemptsFailed(last or UpstreamFailure(
+            503, "no deployment could take the request; retry later",
+            code="no_healthy_deployment"), attempts)
+
+
+async def _attempt(deployment: Deployment, call: Call, *, stream: bool, request_id: str
+                   ) -> bytes | AsyncIterator[bytes]:
+    if not stream:
+        return await deployment.complete(call, request_id=request_id)
+    chunks = await deployment.open_stream(call, request_id=request_id)
+    try:
+        first = await anext(chunks)
+    except StopAsyncIteration:
+        raise UpstreamFailure(502, "the upstream ended the stream before sending anything",
+                              code="upstream_error") from None
+    except BaseException:
+        await _aclose(chunks)
+        raise
+    return _prepend(first, chunks)
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        yield first
+        async for chunk in rest:
+            yield chunk
+    finally:
+        await _aclose(rest)
+
+
+async def _aclose(chunks: AsyncIterator[bytes]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+def _once(health: DeploymentHealth) -> Callable[[], None]:
+    """Frees the deployment's concurrency slot when the answer is over, once."""
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            health.in_flight -= 1
+
+    return release

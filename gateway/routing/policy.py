@@ -1,0 +1,93 @@
+"""Order a route's deployments for one request: the cheapest healthy one that can serve it
+first, latency-aware among equals, and for LoRA requests those holding the adapter first.
+
+Pure functions over what the registry knows, so the choice is testable without a network.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.deployments.base import Deployment
+from gateway.routing.health import DeploymentHealth
+
+# Where an adapter lives on a deployment, best first; anything else (not registered) is last.
+RESIDENCY_RANK = {"device": 0, "cpu": 1, "disk": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """What the request needs of a deployment."""
+
+    logprobs: bool = False
+    adapter: str | None = None  # the adapter's engine name, for affinity
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """The deployments to try in order, and why others were left out (for the error)."""
+
+    order: list[Deployment]
+    incapable: int = 0
+    unhealthy: int = 0
+    busy: int = 0
+    retry_in_s: float | None = None  # the soonest a left-out breaker allows a probe
+
+
+def capable(deployment: Deployment, needs: Needs) -> bool:
+    caps = deployment.config.capabilities
+    if needs.logprobs and not caps.logprobs:
+        return False
+    return needs.adapter is None or deployment.serves_adapters
+
+
+def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHealth],
+         needs: Needs, *, policy: str, rng: random.Random | None = None) -> Ranked:
+    rng = rng or random.Random()
+    usable: list[Deployment] = []
+    incapable = unhealthy = busy = 0
+    retry_in: float | None = None
+    for d in deployments:
+        h = health(d.name)
+        if not capable(d, needs):
+            incapable += 1
+        elif not h.breaker.available():
+            unhealthy += 1
+            snap = h.breaker.snapshot()
+            if snap.retry_in_s is not None:
+                retry_in = snap.retry_in_s if retry_in is None else min(retry_in, snap.retry_in_s)
+        elif d.config.max_concurrency is not None and h.in_flight >= d.config.max_concurrency:
+            busy += 1
+        else:
+            usable.append(d)
+    if policy == "cost":
+        usable = _by_cost(usable, health, needs, rng)
+    elif needs.adapter is not None:
+        usable.sort(key=lambda d: _residency(d, needs.adapter))  # stable: config order next
+    return Ranked(usable, incapable, unhealthy, busy, retry_in)
+
+
+def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth],
+             needs: Needs, rng: random.Random) -> list[Deployment]:
+    """Adapter residency, then price, then expected latency under load per unit of weight;
+    ties (e.g. nothing measured yet) are broken at random in proportion to weight."""
+    measured = [h.latency_ewma_s for d in usable
+                if (h := health(d.name)).latency_ewma_s is not None]
+    unknown = min(measured) if measured else 0.0  # untried deployments look as good as the best
+
+    def key(d: Deployment) -> tuple[int, object, float, float]:
+        h = health(d.name)
+        latency = h.latency_ewma_s if h.latency_ewma_s is not None else unknown
+        load = latency * (1 + h.in_flight) / d.config.weight
+        lottery = -rng.random() ** (1.0 / d.config.weight)  # weighted random order
+        residency = _residency(d, needs.adapter) if needs.adapter is not None else 0
+        return residency, d.price.per_1m, round(load, 4), lottery
+
+    return sorted(usable, key=key)
+
+
+def _residency(deployment: Deployment, adapter: str | None) -> int:
+    where = deployment.adapter_residency(adapter) if adapter is not None else None
+    return RESIDENCY_RANK.get(where or "", len(RESIDENCY_RANK))

@@ -1,0 +1,287 @@
+"""Routing through the whole gateway against mock upstreams on loopback that we make fail:
+cost policy, tiers, aliases, fallback order, breakers, context-window fallback, and never a
+retry after the first streamed byte."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from bench.mock_upstream import MockMode, MockServerThread, MockStats
+from gateway.app import create_app
+from tests.gateway.support import (
+    admin_key,
+    assert_error,
+    bearer,
+    in_process,
+    ok,
+    seed_tenant,
+    settings,
+)
+
+MODEL = "chat"
+
+
+@pytest.fixture(scope="module")
+def mocks() -> Iterator[dict[str, MockServerThread]]:
+    servers = {name: MockServerThread().start() for name in ("a", "b", "big", "eco", "prem")}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def healthy_mocks(mocks) -> None:
+    for server in mocks.values():
+        server.mock.mode = MockMode()
+        server.mock.stats = MockStats()
+
+
+def upstream(name: str, mock: MockServerThread, *, price: str, **more: Any) -> dict[str, Any]:
+    return {"name": name, "model_name": MODEL, "provider": "openai", "base_url": mock.base_url,
+            "api_key": f"sk-{name}-secret", "upstream_model": f"up-{name}",
+            "input_price_per_1m": price, "output_price_per_1m": price, **more}
+
+
+@dataclass
+class World:
+    client: httpx.AsyncClient
+    key: str
+    admin: dict[str, str]
+    mocks: dict[str, MockServerThread]
+
+    async def chat(self, content: str = "hi", model: str = MODEL, *, key: str | None = None,
+                   headers: dict[str, str] | None = None, **extra: Any) -> httpx.Response:
+        body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+        return await self.client.post("/v1/chat/completions", json=body,
+                                      headers={**bearer(key or self.key), **(headers or {})})
+
+    def requests(self, name: str) -> int:
+        return self.mocks[name].mock.stats.requests
+
+    async def deployment(self, name: str) -> dict[str, Any]:
+        return ok(await self.client.get(f"/admin/deployments/{name}", headers=self.admin))
+
+
+@pytest.fixture
+async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[World]:
+    routing = {
+        "deployments": [
+            upstream("a", mocks["a"], price="1", timeout_s=2),
+            upstream("b", mocks["b"], price="2"),
+            upstream("big", mocks["big"], price="5", context_window=100_000),
+            {**upstream("eco", mocks["eco"], price="0.5"), "model_name": "eco-model",
+             "tier": "economy"},
+            {**upstream("prem", mocks["prem"], price="9"), "model_name": "prem-model",
+             "tier": "premium"},
+        ],
+        "aliases": [{"name": "b-first", "deployments": ["b", "a"], "policy": "ordered"}],
+    }
+    path = tmp_path / "routing.yaml"
+    path.write_text(yaml.safe_dump(routing))
+    cfg = settings(sqlite_url, tmp_path, deployments_file=path, breaker_failure_threshold=2,
+                   breaker_window_s=30, breaker_cooldown_s=0.5, route_max_attempts=3,
+                   route_budget_s=10)
+    seeded = await seed_tenant(sqlite_url, tmp_path, name="initech")
+    admin = bearer(await admin_key(sqlite_url, tmp_path))
+    async with in_process(create_app(cfg)) as client:
+        yield World(client, seeded.key, admin, mocks)
+
+
+def served_by(r: httpx.Response) -> tuple[str, int]:
+    assert r.status_code == 200, r.text
+    return r.headers["x-switchboard-deployment"], int(r.headers["x-switchboard-attempts"])
+
+
+# --- policy -------------------------------------------------------------------------------
+
+
+async def test_cheapest_healthy_deployment_serves(world):
+    assert served_by(await world.chat()) == ("a", 1)
+    assert ok(await world.chat())["model"] == "up-a"  # upstream answers pass through as sent
+
+
+async def test_ordered_alias_follows_its_order(world):
+    assert served_by(await world.chat(model="b-first")) == ("b", 1)
+    world.mocks["b"].mock.mode = MockMode(status=500)
+    assert served_by(await world.chat(model="b-first")) == ("a", 2)
+
+
+async def test_auto_picks_by_tier(sqlite_url, tmp_path, world):
+    # Every deployment may serve `auto`; the cheapest is the economy one.
+    assert served_by(await world.chat(model="auto")) == ("eco", 1)
+    # A request may ask for a tier.
+    r = await world.chat(model="auto", headers={"x-switchboard-tier": "premium"})
+    assert served_by(r) == ("prem", 1)
+    r = await world.chat(model="auto", headers={"x-switchboard-tier": "standard"})
+    assert served_by(r) == ("a", 1)
+    r = await world.chat(model="auto", headers={"x-switchboard-tier": "gold"})
+    assert_error(r, 400, code="tier_unavailable")
+    # The plan sets the tiers a tenant may use.
+    standard = await seed_tenant(sqlite_url, tmp_path, name="standard-only",
+                                 plan={"allowed_tiers": ["standard"]})
+    r = await world.chat(model="auto", key=standard.key)
+    assert served_by(r) == ("a", 1)
+    r = await world.chat(model="auto", key=standard.key,
+                         headers={"x-switchboard-tier": "premium"})
+    assert_error(r, 403, code="tier_not_allowed")
+    r = await world.chat(model="prem-model", key=standard.key)
+    assert_error(r, 403, code="tier_not_allowed")
+    models = ok(await world.client.get("/v1/models", headers=bearer(standard.key)))
+    assert [m["id"] for m in models["data"]] == [MODEL, "b-first", "auto"]
+
+
+# --- fallbacks ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [
+    MockMode(status=500), MockMode(status=503), MockMode(status=429, retry_after="7"),
+    MockMode(drop=True), MockMode(delay_ms=4000),  # a's timeout is 2 s
+], ids=["500", "503", "429", "dropped", "timeout"])
+async def test_falls_back_to_the_next_deployment(world, mode):
+    world.mocks["a"].mock.mode = mode
+    assert served_by(await world.chat()) == ("b", 2)
+    assert world.requests("a") == 1
+
+
+async def test_every_deployment_failing_is_a_clear_error(world):
+    for name in ("a", "b", "big"):
+        world.mocks[name].mock.mode = MockMode(status=500)
+    r = await world.chat()
+    assert_error(r, 502, code="upstream_error")
+    assert r.headers["x-switchboard-attempts"] == "3"
+    assert [world.requests(n) for n in ("a", "b", "big")] == [1, 1, 1]
+
+
+async def test_client_errors_are_not_retried(world):
+    world.mocks["a"].mock.mode = MockMode(status=400)
+    r = await world.chat()
+    assert_error(r, 400, code="upstream_rejected")
+    assert world.requests("b") == 0
+
+
+async def test_the_total_time_is_bounded(sqlite_url, tmp_path, mocks):
+    routing = {"deployments": [upstream(n, mocks[n], price=str(i + 1)) for i, n in
+                               enumerate(("a", "b", "big"))]}
+    path = tmp_path / "slow.yaml"
+    path.write_text(yaml.safe_dump(routing))
+    for name in ("a", "b", "big"):
+        mocks[name].mock.mode = MockMode(delay_ms=3000)
+    seeded = await seed_tenant(sqlite_url, tmp_path, name="hurried")
+    cfg = settings(sqlite_url, tmp_path, deployments_file=path, route_budget_s=1.0)
+    async with in_process(create_app(cfg)) as client:
+        started = time.monotonic()
+        r = await client.post("/v1/chat/completions", headers=bearer(seeded.key), json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        elapsed = time.monotonic() - started
+    assert_error(r, 504, code="upstream_timeout")
+    assert elapsed < 2.5
+    assert r.headers["x-switchboard-attempts"] == "1"
+
+
+# --- breakers -----------------------------------------------------------------------------
+
+
+async def test_breaker_opens_probes_and_closes(world):
+    world.mocks["a"].mock.mode = MockMode(status=500)
+    for _ in range(2):
+        assert served_by(await world.chat()) == ("b", 2)
+    health = (await world.deployment("a"))["health"]
+    assert health["breaker"]["state"] == "open" and health["breaker"]["times_opened"] == 1
+    # Open: `a` is skipped without a request.
+    assert served_by(await world.chat()) == ("b", 1)
+    assert world.requests("a") == 2
+    # After the cooldown one probe goes to `a`; it fails, so the breaker opens again.
+    time.sleep(0.6)
+    assert (await world.deployment("a"))["health"]["breaker"]["state"] == "half_open"
+    assert served_by(await world.chat()) == ("b", 2)
+    assert world.requests("a") == 3
+    assert (await world.deployment("a"))["health"]["breaker"]["times_opened"] == 2
+    # `a` recovers: the next probe succeeds and closes the breaker.
+    world.mocks["a"].mock.mode = MockMode()
+    time.sleep(0.6)
+    assert served_by(await world.chat()) == ("a", 1)
+    listed = ok(await world.client.get("/admin/deployments", headers=world.admin))
+    states = {d["name"]: d["health"]["breaker"]["state"] for d in listed}
+    assert states["a"] == "closed"
+    assert all("api_key" not in d and "secret" not in json.dumps(d) for d in listed)
+
+
+async def test_admin_resets_a_breaker(world):
+    world.mocks["a"].mock.mode = MockMode(status=500)
+    for _ in range(2):
+        await world.chat()
+    world.mocks["a"].mock.mode = MockMode()
+    r = await world.client.post("/admin/deployments/a/breaker/reset", headers=world.admin)
+    assert ok(r)["health"]["breaker"]["state"] == "closed"
+    assert served_by(await world.chat()) == ("a", 1)
+
+
+async def test_every_breaker_open_fails_fast(world):
+    for name in ("a", "b", "big"):
+        world.mocks[name].mock.mode = MockMode(status=500)
+    for _ in range(2):
+        await world.chat()
+    before = sum(world.requests(n) for n in ("a", "b", "big"))
+    r = await world.chat()
+    assert_error(r, 503, code="no_healthy_deployment")
+    assert int(r.headers["retry-after"]) >= 1
+    assert sum(world.requests(n) for n in ("a", "b", "big")) == before
+
+
+# --- context window -----------------------------------------------------------------------
+
+
+async def test_long_prompts_go_to_a_larger_context_window(world):
+    long = "word " * 9000  # about 11k tokens by the gateway's estimate: over 8192
+    assert served_by(await world.chat(long)) == ("big", 1)
+    assert world.requests("a") == world.requests("b") == 0
+
+
+async def test_upstream_context_errors_move_to_a_larger_window(world):
+    world.mocks["a"].mock.mode = MockMode(context_window=10)
+    assert served_by(await world.chat("a prompt well over ten tokens " * 3)) == ("big", 2)
+    assert world.requests("b") == 0  # same window as `a`: no use trying
+
+
+async def test_a_prompt_too_long_for_every_window_is_a_400(world):
+    r = await world.chat("word " * 90_000)
+    assert_error(r, 400, code="context_length_exceeded")
+
+
+# --- streams ------------------------------------------------------------------------------
+
+
+async def test_stream_falls_back_before_the_first_byte(world):
+    world.mocks["a"].mock.mode = MockMode(cut_after_events=0)
+    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=world.key,
+                                http_client=world.client, max_retries=0)
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert raw.headers["x-switchboard-deployment"] == "b"
+    assert raw.headers["x-switchboard-attempts"] == "2"
+    text = "".join([c.choices[0].delta.content or "" async for c in raw.parse() if c.choices])
+    assert text == "Hello from the mock upstream."
+
+
+async def test_never_retries_after_streamed_tokens(world):
+    world.mocks["a"].mock.mode = MockMode(cut_after_events=3, chunk_delay_ms=20)
+    async with world.client.stream("POST", "/v1/chat/completions", headers=bearer(world.key),
+                                   json={"model": MODEL, "stream": True, "messages": [
+                                       {"role": "user", "content": "hi"}]}) as r:
+        assert r.headers["x-switchboard-deployment"] == "a"
+        events = [line async for line in r.aiter_lines() if line.startswith("data:")]
+    assert world.requests("b") == 0
+    contents = [json.loads(e[5:]) for e in events]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in contents
+                   if c.get("choices"))
+    assert text == "Hello from"  # what `a` sent, and nothing from anyone else
+    assert contents[-1]["error"]["code"] == "upstream_unreachable"
