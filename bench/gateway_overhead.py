@@ -193,7 +193,7 @@ def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
     env = gateway_env(gw_tmp)
     gateway_cli(["migrate"], env)
     gateway_cli(["plans", "create", "--name", "bench", "--rpm", "10000000", "--tpm",
-                 "10000000000", "--max-concurrent", "100000", "--budget-usd", "1000000"], env)
+                 "2000000000", "--max-concurrent", "100000", "--budget-usd", "1000000"], env)
     tenant = gateway_cli(["tenants", "create", "--name", "bench", "--plan", "bench"], env)
     key = gateway_cli(["keys", "create", "--tenant", str(tenant["id"])], env)["key"]
     port = free_port()
@@ -206,7 +206,7 @@ def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
     except Exception:
         server.stop()
         raise
-    info = {"setup": "SQLite (aiosqlite), plan rpm=1e7 tpm=1e10 max_concurrent=1e5 "
+    info = {"setup": "SQLite (aiosqlite), plan rpm=1e7 tpm=2e9 max_concurrent=1e5 "
                      "budget=$1e6, one tenant key", "ready_s": round(ready_s, 2)}
     return Target("gateway", server.url, str(key), GATEWAY_HEADER, server, info)
 
@@ -301,13 +301,19 @@ def metering_check(target: Target, answered: int, polls: int = 20) -> dict[str, 
 def run_loadgen(target: Target, stream: bool, concurrency: int, settings: Settings,
                 pin: Pinning) -> dict[str, Any]:
     """One measurement in a fresh load-generator process; its JSON result."""
-    spec = {"url": target.base_url + "/v1/chat/completions",
-            "body": json.dumps(chat_body(stream), separators=(",", ":")),
-            "headers": {"Authorization": f"Bearer {target.api_key}"},
+    return loadgen(target.base_url + "/v1/chat/completions", chat_body(stream),
+                   {"Authorization": f"Bearer {target.api_key}"}, concurrency, settings, pin,
+                   collect=target.self_header)
+
+
+def loadgen(url: str, body: dict[str, Any], headers: dict[str, str], concurrency: int,
+            settings: Settings, pin: Pinning, *, collect: str | None) -> dict[str, Any]:
+    """`bench/gateway_loadgen.py` in its own process, one request body over and over."""
+    spec = {"url": url, "body": json.dumps(body, separators=(",", ":")), "headers": headers,
             "concurrency": concurrency, "requests": settings.requests,
             "duration_s": settings.duration_s, "warmup_requests": settings.warmup_requests,
             "warmup_s": settings.warmup_s, "grace_s": settings.grace_s,
-            "collect_header": target.self_header}
+            "collect_header": collect}
     argv = pin.wrap(pin.loadgen, [python(), str(ROOT / "bench" / "gateway_loadgen.py")])
     timeout = settings.warmup_s + settings.duration_s + 2 * settings.grace_s + 60
     done = subprocess.run(argv, input=json.dumps(spec), capture_output=True, text=True,

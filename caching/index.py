@@ -5,13 +5,14 @@ Small partitions are searched exactly with numpy. Large ones (more than `exact_m
 entries) first narrow the candidates with 512-bit SimHash codes (signs of random projections)
 and a faiss Hamming range search, then score the candidates exactly.
 
-Why not HNSW: measured on this machine with 100k random unit vectors (the benchmark's load),
-IndexHNSWFlat found the stored vector for a query at cosine 0.8 only 34-78% of the time
-(efSearch 16-64), took 30-50 s to build and ~3 ms per insert. SimHash needs no training or
-rebuilds, inserts in microseconds, and its miss rate is known: for two vectors at cosine t the
-number of differing bits is Binomial(bits, arccos(t)/pi), so a radius `MISS_SIGMAS` standard
-deviations above that mean keeps every entry at or above the search threshold with
-probability about 1 - 1e-9, while unrelated vectors (half the bits differ) stay far outside.
+Why not HNSW: measured on this machine with random unit vectors (the benchmark's load),
+IndexHNSWFlat found the stored vector for a query at cosine 0.8 only 34-76% of the time
+(50k vectors, M 16, efSearch 16-64), took 31-51 s to build for 100k and ~3 ms per insert.
+SimHash needs no training or rebuilds, inserts in microseconds, and its miss rate is known:
+for two vectors at cosine t the number of differing bits is Binomial(bits, arccos(t)/pi), so
+a radius `MISS_SIGMAS` standard deviations above that mean keeps every entry at or above the
+search threshold with probability about 1 - 1e-9, while unrelated vectors (half the bits
+differ) stay far outside.
 Scores are exact dot products, so a result never passes the threshold by approximation.
 
 Removal marks rows dead; a partition compacts itself once a quarter of its rows are dead.
@@ -82,7 +83,7 @@ def simhash(vectors: np.ndarray, bits: int = SIMHASH_BITS) -> np.ndarray:
 
 def _binary_index(bits: int) -> Any:
     """An empty faiss Hamming index. One query scans on one thread: measured on two shared
-    cores, letting OpenMP spread it raised p99 from 0.8 ms to 3-7 ms for 100k rows."""
+    cores, letting OpenMP spread it raised p99 from 0.8 ms to 2-7 ms for 100k rows."""
     global _faiss_ready
     import faiss
 

@@ -244,6 +244,9 @@ class Ticket:
         self.call.usage.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         self.call.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
         self.call.usage.cached_tokens = self.call.usage.prompt_tokens
+        # The whole prompt was served from cache, and is metered so.
+        body["usage"] = {**usage, "prompt_tokens_details": {
+            "cached_tokens": self.call.usage.prompt_tokens}}
         self.call.usage.finished = True
         self.cache_hit = hit.kind
         headers = {**headers, "x-cache": "hit", "x-cache-kind": hit.kind}

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.deployments.config import DeploymentConfig, Price
+from gateway.errors import bad_request, model_not_found
 from gateway.schemas.openai import OpenAIRequest
 from workers.client import Usage
 
@@ -121,3 +122,23 @@ class Deployment(ABC):
     @abstractmethod
     async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
         """SSE event bytes. Failures before the first event raise here, not in the iterator."""
+
+
+def estimated_call(config: DeploymentConfig, request: OpenAIRequest, *, chat: bool,
+                   adapter: AdapterRef | None) -> Call:
+    """A call on an upstream whose tokenizer does not run here: an upper estimate of the
+    prompt (4 characters a token, plus per-message framing) checked against the window."""
+    if adapter is not None:  # routing never sends adapters here; refuse rather than drop
+        raise model_not_found(request.model)
+    count = len(request.messages) if chat else 1  # type: ignore[union-attr]
+    prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
+    window = config.context_window
+    if prompt_tokens >= window:
+        raise bad_request(
+            f"This model's maximum context length is {window} tokens; the prompt has "
+            f"about {prompt_tokens}.", param="messages" if chat else "prompt",
+            code="context_length_exceeded",
+        )
+    max_tokens = request.requested_max_tokens or (window - prompt_tokens)
+    return Call(request, chat, prompt_tokens=prompt_tokens,
+                max_output_tokens=max_tokens * (request.n or 1))

@@ -27,9 +27,15 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
+from gateway.deployments.base import (
+    AdapterRef,
+    Call,
+    Deployment,
+    UpstreamFailure,
+    estimated_call,
+)
 from gateway.deployments.config import DeploymentConfig, Price
-from gateway.errors import APIError, bad_request, model_not_found
+from gateway.errors import APIError, bad_request
 from gateway.schemas.openai import OpenAIRequest
 
 logger = logging.getLogger(__name__)
@@ -126,21 +132,7 @@ class LiteLLMDeployment(Deployment):
 
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
-        if adapter is not None:  # resolve never routes adapters here; refuse rather than drop
-            raise model_not_found(request.model)
-        # The same upper estimate as the HTTP deployment: no provider's tokenizer runs here.
-        count = len(request.messages) if chat else 1  # type: ignore[union-attr]
-        prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
-        window = self.config.context_window
-        if prompt_tokens >= window:
-            raise bad_request(
-                f"This model's maximum context length is {window} tokens; the prompt has "
-                f"about {prompt_tokens}.", param="messages" if chat else "prompt",
-                code=CONTEXT_CODE,
-            )
-        max_tokens = request.requested_max_tokens or (window - prompt_tokens)
-        return Call(request, chat, prompt_tokens=prompt_tokens,
-                    max_output_tokens=max_tokens * (request.n or 1))
+        return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
         litellm = load_litellm()

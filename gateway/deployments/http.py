@@ -14,10 +14,16 @@ from typing import Any
 
 import aiohttp
 
-from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
+from gateway.deployments.base import (
+    AdapterRef,
+    Call,
+    Deployment,
+    UpstreamFailure,
+    estimated_call,
+)
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
-from gateway.errors import APIError, bad_request, model_not_found
+from gateway.errors import APIError
 from gateway.schemas.openai import OpenAIRequest
 
 PASSTHROUGH_STATUSES = (400, 413, 422)
@@ -37,20 +43,7 @@ class HttpDeployment(Deployment):
 
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
-        if adapter is not None:  # resolve never routes adapters here; refuse rather than drop
-            raise model_not_found(request.model)
-        count = len(request.messages) if chat else 1  # type: ignore[union-attr]
-        prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
-        window = self.config.context_window
-        if prompt_tokens >= window:
-            raise bad_request(
-                f"This model's maximum context length is {window} tokens; the prompt has "
-                f"about {prompt_tokens}.", param="messages" if chat else "prompt",
-                code="context_length_exceeded",
-            )
-        max_tokens = request.requested_max_tokens or (window - prompt_tokens)
-        return Call(request, chat, prompt_tokens=prompt_tokens,
-                    max_output_tokens=max_tokens * (request.n or 1))
+        return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
         body = self._body(call, stream=False)

@@ -68,9 +68,7 @@ class Fallbacks:
                 call = first_call if index == 0 else prepare(deployment)
             except APIError as exc:
                 health.breaker.release()
-                if exc.code != CONTEXT_CODE:
-                    raise
-                context_error = context_error or exc
+                context_error = _too_long(exc, context_error)
                 too_small = max(too_small, deployment.config.context_window)
                 continue
             if on_call is not None:
@@ -95,9 +93,7 @@ class Fallbacks:
             except APIError as exc:
                 health.in_flight -= 1
                 health.breaker.release()
-                if exc.code != CONTEXT_CODE:
-                    raise
-                context_error = context_error or exc
+                context_error = _too_long(exc, context_error)
                 too_small = max(too_small, deployment.config.context_window)
                 continue
             except BaseException:  # cancelled (the client left) or a bug: no verdict
@@ -111,6 +107,14 @@ class Fallbacks:
         raise AllAttemptsFailed(last or UpstreamFailure(
             503, "no deployment could take the request; retry later",
             code="no_healthy_deployment"), attempts)
+
+
+def _too_long(exc: APIError, first: APIError | None) -> APIError:
+    """The first context-window refusal (the others are tried on larger windows); any other
+    client error goes to the client at once."""
+    if exc.code != CONTEXT_CODE:
+        raise exc
+    return first or exc
 
 
 async def _attempt(deployment: Deployment, call: Call, *, stream: bool, request_id: str

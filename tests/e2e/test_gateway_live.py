@@ -100,7 +100,8 @@ def test_chat_completions_and_streaming(live):
 
     stream = oa.chat.completions.create(
         model="smollm2-135m-instruct", messages=messages, max_tokens=16, temperature=0,
-        stream=True, stream_options={"include_usage": True})
+        stream=True, stream_options={"include_usage": True},
+        extra_headers={"cache-control": "no-cache"})  # past the response cache, to the engine
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content  # greedy: the same answer either way

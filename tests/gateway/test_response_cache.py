@@ -104,6 +104,7 @@ async def test_deterministic_requests_hit_the_exact_cache(world):
     assert b["choices"] == a["choices"] and b["usage"]["completion_tokens"] == a["usage"][
         "completion_tokens"]
     assert b["id"] != a["id"] and b["model"] == MODEL
+    assert b["usage"]["prompt_tokens_details"] == {"cached_tokens": a["usage"]["prompt_tokens"]}
     # A parameter that changes the output is another entry.
     assert cache_of(await world.chat("What is the capital of France?", tenant="plain",
                                      max_tokens=3)) == ("miss", None)

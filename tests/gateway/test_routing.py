@@ -285,3 +285,67 @@ async def test_never_retries_after_streamed_tokens(world):
                    if c.get("choices"))
     assert text == "Hello from"  # what `a` sent, and nothing from anyone else
     assert contents[-1]["error"]["code"] == "upstream_unreachable"
+
+
+# --- litellm providers --------------------------------------------------------------------
+
+
+async def test_litellm_deployments_route_and_fall_back(sqlite_url, tmp_path, mocks):
+    routing = {"deployments": [
+        {"name": "via-litellm", "model_name": MODEL, "provider": "litellm",
+         "upstream_model": "openai/mock-model", "base_url": mocks["a"].base_url,
+         "api_key": "sk-litellm-secret", "input_price_per_1m": "1", "output_price_per_1m": "1"},
+        upstream("b", mocks["b"], price="2")]}
+    path = tmp_path / "litellm.yaml"
+    path.write_text(yaml.safe_dump(routing))
+    seeded = await seed_tenant(sqlite_url, tmp_path, name="litellm-user")
+    async with in_process(create_app(settings(sqlite_url, tmp_path,
+                                              deployments_file=path))) as client:
+        async def chat() -> httpx.Response:
+            return await client.post("/v1/chat/completions", headers=bearer(seeded.key), json={
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+
+        r = await chat()
+        assert served_by(r) == ("via-litellm", 1)
+        assert r.json()["choices"][0]["message"]["content"] == "Hello from the mock upstream."
+        assert mocks["a"].mock.last_request["headers"]["authorization"] == (
+            "Bearer sk-litellm-secret")
+        mocks["a"].mock.mode = MockMode(status=503)
+        assert served_by(await chat()) == ("b", 2)
+        mocks["a"].mock.mode = MockMode(status=429, retry_after="3")
+        assert served_by(await chat()) == ("b", 2)
+
+
+# --- admin edits --------------------------------------------------------------------------
+
+
+async def test_admin_edits_prices_tiers_and_aliases_at_runtime(world):
+    admin = world.admin
+    r = await world.client.patch("/admin/deployments/b", headers=admin,
+                                 json={"input_price_per_1m": "0.1", "output_price_per_1m": "0.1"})
+    edited = ok(r)
+    assert edited["price"] == {"input_per_1m": "0.1", "output_per_1m": "0.1", "source": "config"}
+    assert served_by(await world.chat()) == ("b", 1)  # now the cheapest
+
+    bad = await world.client.patch("/admin/deployments/b", headers=admin, json={"weight": 0})
+    assert_error(bad, 400)
+    assert_error(await world.client.patch("/admin/deployments/nope", headers=admin,
+                                          json={"weight": 2}), 404)
+
+    alias = {"name": "big-first", "deployments": ["big", "a"], "policy": "ordered"}
+    ok(await world.client.put("/admin/aliases/big-first", headers=admin, json=alias))
+    assert served_by(await world.chat(model="big-first")) == ("big", 1)
+    listed = ok(await world.client.get("/admin/aliases", headers=admin))
+    assert {a["name"] for a in listed} == {"b-first", "big-first"}
+    unknown = {"name": "x", "deployments": ["missing"]}
+    assert_error(await world.client.put("/admin/aliases/x", headers=admin, json=unknown), 400)
+    assert_error(await world.client.put("/admin/aliases/auto", headers=admin, json={
+        "name": "auto", "deployments": ["a"]}), 400)
+    ok(await world.client.delete("/admin/aliases/big-first", headers=admin))
+    assert_error(await world.chat(model="big-first"), 404, code="model_not_found")
+
+    # A tier edit takes effect for plans at once.
+    ok(await world.client.patch("/admin/deployments/b", headers=admin,
+                                json={"tier": "premium"}))
+    r = await world.chat(headers={"x-switchboard-tier": "premium"})
+    assert served_by(r) == ("b", 1)
