@@ -154,6 +154,7 @@ def gateway_env(tmp: Path) -> dict[str, str]:
     env.update({
         "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'gw.db'}",
         "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
+        "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
         "SWITCHBOARD_EMBEDDED_MODEL": "none",
         "SWITCHBOARD_DEPLOYMENTS_FILE": str(tmp / "deployments.yaml"),
         "SWITCHBOARD_LOG_LEVEL": "warning",

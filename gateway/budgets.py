@@ -1,14 +1,35 @@
-"""Budget counters start from recorded spend, so a restart never hands out a fresh budget."""
+"""Budget counters and the usage ledger agree: counters start from the ledger's spend, so a
+restart never hands out a fresh budget, and are raised to it periodically, so a counter that
+lost increments (a Redis restart, a fail-open spell) catches up with what was billed."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from datetime import UTC, datetime
 
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from billing.ledger import spent_by_tenant
 from gateway.admission import period_start, tenant_budget
 from tenancy import service
 from tenancy.limits import Limiter
+
+logger = logging.getLogger(__name__)
+
+
+async def ledger_spend(sessionmaker: async_sessionmaker[AsyncSession], now: datetime
+                       ) -> list[tuple[str, int, str, int]]:
+    """(tenant, cap, period, spent this period) for every budgeted tenant, from the daily
+    aggregates: the same source invoices read."""
+    async with sessionmaker() as session:
+        tenants = await service.budgeted_tenants(session)
+        spent = {period: await spent_by_tenant(session, since=period_start(period, now).date())
+                 for period in {p for _, _, p in tenants}}
+    return [(tenant, cap, period, spent[period].get(tenant, 0))
+            for tenant, cap, period in tenants]
 
 
 async def seed_budgets(
@@ -17,11 +38,49 @@ async def seed_budgets(
 ) -> int:
     """Seed every budgeted tenant's current-period counter; returns how many were seeded."""
     now = now or datetime.now(UTC)
-    async with sessionmaker() as session:
-        tenants = await service.budgeted_tenants(session)
-        spent = {period: await service.spent_by_tenant(session, since=period_start(period, now))
-                 for period in {p for _, _, p in tenants}}
-    for tenant_id, cap, period in tenants:
-        await limiter.seed_budget(tenant_budget(tenant_id, cap, period, now),
-                                  spent[period].get(tenant_id, 0))
-    return len(tenants)
+    rows = await ledger_spend(sessionmaker, now)
+    for tenant_id, cap, period, spent in rows:
+        await limiter.seed_budget(tenant_budget(tenant_id, cap, period, now), spent)
+    return len(rows)
+
+
+async def reconcile_budgets(
+    sessionmaker: async_sessionmaker[AsyncSession], limiter: Limiter,
+    *, now: datetime | None = None,
+) -> int:
+    """Raise every budgeted tenant's counter to its ledger spend; returns how many."""
+    now = now or datetime.now(UTC)
+    rows = await ledger_spend(sessionmaker, now)
+    for tenant_id, cap, period, spent in rows:
+        await limiter.reconcile_budget(tenant_budget(tenant_id, cap, period, now), spent)
+    return len(rows)
+
+
+class BudgetReconciler:
+    """Runs `reconcile_budgets` every `interval_s` in the background."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], limiter: Limiter, *,
+                 interval_s: float) -> None:
+        self._sessionmaker = sessionmaker
+        self._limiter = limiter
+        self._interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="budget-reconciler")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await reconcile_budgets(self._sessionmaker, self._limiter)
+            except (SQLAlchemyError, OSError) as exc:
+                logger.warning("budget reconciliation failed (%s); will retry",
+                               type(exc).__name__)

@@ -8,6 +8,7 @@ import logging
 import sys
 
 from gateway.commands import tenancy as tenancy_commands
+from gateway.commands import usage as usage_commands
 from gateway.settings import Settings
 
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     _worker_arguments(worker)
     worker.set_defaults(func=_worker)
     tenancy_commands.register(sub)
+    usage_commands.register(sub)
     args = parser.parse_args(argv)
     settings = Settings()
     logging.basicConfig(level=settings.log_level.upper(),

@@ -9,7 +9,6 @@ streams in (multipart bodies are spooled to disk as they arrive).
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 
@@ -18,7 +17,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import APIError, too_large
 
-_SANE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")  # fits usage_records.request_id
 UPLOAD_SUFFIX = "/adapters/upload"  # admin and tenant adapter uploads
 
 
@@ -34,15 +32,12 @@ class GatewayMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = b""
         length = b""
         for name, value in scope["headers"]:
-            if name == b"x-request-id" and _SANE_ID.match(value):
-                request_id = value
-            elif name == b"content-length":
+            if name == b"content-length":
                 length = value
-        if not request_id:
-            request_id = uuid.uuid4().hex.encode()
+        # Always our own: it is the usage record's unique key, which a caller must not pick.
+        request_id = uuid.uuid4().hex.encode()
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["upstream_s"] = 0.0

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -25,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
+from billing.pricing import charge
 from gateway.admission import admission_request, ratelimit_headers, refusal
 from gateway.deployments.base import Call, Deployment
 from gateway.errors import APIError, bad_request, too_large
@@ -32,7 +35,7 @@ from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import CONTEXT_CODE, AllAttemptsFailed, Served
 from gateway.routing.router import RoutePlan, plan_route
 from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
-from gateway.sse import StreamAssembler, replay
+from gateway.sse import DONE, StreamAssembler, replay
 from gateway.state import GatewayState
 from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest
@@ -43,6 +46,7 @@ TIER_HEADER = "x-switchboard-tier"
 
 
 async def serve_completion(request: Request, *, chat: bool) -> Response:
+    clock = Clock()
     gw: GatewayState = request.app.state.gateway
     scope_state = request.scope["state"]
     key = await gw.keys.tenant(request.headers.get("authorization"))
@@ -63,13 +67,14 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     if not decision.admitted:
         raise refusal(decision)
     headers = ratelimit_headers(decision)
-    ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"])
+    ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock)
     try:
         use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
         hit = None if use is None else await gw.cache.lookup(use)
         if hit is not None:
             return ticket.answer_from_cache(hit, engine_id, headers, stream=body.stream)
         headers["x-cache"] = "miss"
+        clock.dispatched()
         work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
                                   prepare=prepare, on_call=ticket.attempt)
         try:
@@ -80,6 +85,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
             ticket.close("aborted")
             return Response(status_code=499)
         ticket.served(served)
+        clock.first_byte()
         headers["x-switchboard-deployment"] = served.deployment.name
         headers["x-switchboard-attempts"] = str(served.attempts)
         if body.stream:
@@ -208,8 +214,30 @@ async def until_done_or_disconnect(work: Awaitable[T], receive: Receive) -> T | 
 
 
 @dataclass
+class Clock:
+    """When the request arrived, was dispatched and got its first byte (for usage records)."""
+
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    start: float = field(default_factory=time.perf_counter)
+    dispatch: float | None = None
+    first: float | None = None
+
+    def dispatched(self) -> None:
+        self.dispatch = time.perf_counter()
+
+    def first_byte(self) -> None:
+        self.first = time.perf_counter()
+
+    def ms(self, at: float | None) -> float | None:
+        return None if at is None else round((at - self.start) * 1000, 3)
+
+
+@dataclass
 class Ticket:
-    """An admitted request: settled and metered exactly once, however it ends."""
+    """An admitted request: settled and metered exactly once, however it ends.
+
+    The usage record is written (to the meter's outbox) before the last byte of a successful
+    answer leaves, so a response the client saw complete is never lost to a crash."""
 
     gw: GatewayState
     key: KeyContext
@@ -217,6 +245,7 @@ class Ticket:
     call: Call
     admission: AdmissionRequest
     request_id: str
+    clock: Clock
     calls: list[Call] = field(default_factory=list)
     cache_hit: str = "none"
     release: Callable[[], None] = field(default=lambda: None, repr=False)
@@ -262,13 +291,13 @@ class Ticket:
                         media_type="application/json", headers=headers)
 
     async def _replay(self, events: list[bytes]) -> AsyncIterator[bytes]:
-        status = "aborted"
         try:
             for chunk in events:
+                if chunk is events[-1]:
+                    self.close("ok")  # recorded before the last event goes out
                 yield chunk
-            status = "ok"
         finally:
-            self.close(status)
+            self.close("aborted")
 
     async def relay(self, chunks: AsyncIterator[bytes], use: CacheUse | None
                     ) -> AsyncIterator[bytes]:
@@ -279,6 +308,8 @@ class Ticket:
             async for chunk in chunks:
                 if assembler is not None:
                     assembler.feed(chunk)
+                if chunk.startswith(DONE):  # the usage is known: record, then finish
+                    self.close("ok" if self.call.usage.finished else "error")
                 yield chunk
             status = "ok" if self.call.usage.finished else "error"
         finally:
@@ -318,20 +349,36 @@ class Ticket:
         self.release()
         usage = self.call.usage
         billed_prompt = usage.prompt_tokens if (usage.completion_tokens or usage.finished) else 0
-        cost = self.deployment.price.cost_micros(billed_prompt, usage.completion_tokens)
-        if self.cache_hit != "none":
-            cost = -(-cost * self.key.plan.cache_hit_price_percent // 100)  # rounded up
-        tokens = billed_prompt + usage.completion_tokens
+        plan = self.key.plan
+        # Prefix-cache tokens only: an answer from the response cache is priced in full, then
+        # scaled by the plan's share for hits.
+        cached = usage.cached_tokens if billed_prompt and self.cache_hit == "none" else 0
+        cost = charge(self.deployment.price.rates(), prompt_tokens=billed_prompt,
+                      completion_tokens=usage.completion_tokens, cached_tokens=cached,
+                      markup_bp=plan.price_markup_bp,
+                      share_percent=100 if self.cache_hit == "none"
+                      else plan.cache_hit_price_percent)
+        adapter = self.call.adapter
+        now = time.perf_counter()
         self.gw.meter.record(
             request_id=self.request_id, tenant_id=self.key.tenant_id, key_id=self.key.key_id,
             model=self.call.request.model,
             deployment="" if self.cache_hit != "none" else self.deployment.name,
+            adapter="" if adapter is None else adapter.engine_name.split("/", 1)[-1],
+            tier=self.deployment.config.tier,
             prompt_tokens=billed_prompt, completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens, cost_micros=cost, status=status,
-            cache_hit=self.cache_hit,
+            cached_tokens=cached, input_cost_micros=cost.input_micros,
+            output_cost_micros=cost.output_micros,
+            cached_cost_micros=cost.cached_micros, cost_micros=cost.total_micros,
+            price_id=self.deployment.price.price_id, status=status, cache_hit=self.cache_hit,
+            queue_ms=self.clock.ms(self.clock.dispatch or now),
+            ttft_ms=self.clock.ms(self.clock.first or now), total_ms=self.clock.ms(now),
+            started_at=self.clock.started_at, created_at=datetime.now(UTC),
         )
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
-        self._background(self.gw.limiter.settle(self.admission, tokens=tokens, cost_micros=cost))
+        self._background(self.gw.limiter.settle(
+            self.admission, tokens=billed_prompt + usage.completion_tokens,
+            cost_micros=cost.total_micros))
 
     def _background(self, work: Awaitable[None]) -> None:
         task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]

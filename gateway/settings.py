@@ -65,4 +65,7 @@ class Settings(BaseSettings):
     auth_poll_interval_s: float = 0.5
     auth_negative_cache_size: int = 10_000
     usage_flush_interval_s: float = 0.5
+    # The usage outbox: records survive a crash here until they are in the database.
+    usage_outbox_dir: Path | None = Path(".switchboard-outbox")
+    budget_reconcile_interval_s: float = 60.0  # budget counters raised to the ledger's spend
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from billing.meter import UsageMeter
+from billing.pricing import ensure_price_version
 from caching.embedder import Embedder
 from caching.factory import make_caches
 from gateway.adapters.cache import AdapterCache
 from gateway.auth import AuthWatcher, KeyCache
-from gateway.budgets import seed_budgets
+from gateway.budgets import BudgetReconciler, seed_budgets
 from gateway.deployments import DeploymentConfig, DeploymentRegistry
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
@@ -45,7 +49,18 @@ class GatewayState:
     meter: UsageMeter
     fallbacks: Fallbacks
     cache: ResponseCache
+    reconciler: BudgetReconciler
     background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def record_price(self, deployment: Deployment) -> None:
+        """Enter the deployment's price in the price book (a new version if it changed), so
+        its usage records point at the price they were charged at."""
+        price = deployment.price
+        async with self.sessionmaker() as session:
+            price_id = await ensure_price_version(
+                session, deployment=deployment.name, tier=deployment.config.tier,
+                rates=price.rates(), source=price.source)
+        deployment.price = replace(price, price_id=price_id)
 
     def build_deployment(self, config: DeploymentConfig,
                          engine: AsyncLLMEngine | None = None) -> Deployment:
@@ -80,6 +95,8 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
                                    secret_file=settings.secret_file)
     keys = KeyCache(sessionmaker, pepper, negative_size=settings.auth_negative_cache_size)
     adapters = AdapterCache(sessionmaker, negative_size=settings.auth_negative_cache_size)
+    limiter = make_limiter(redis_url=settings.redis_url, fail_open=settings.redis_fail_open,
+                           timeout_s=settings.redis_timeout_s)
     registry = DeploymentRegistry(BreakerSettings(
         failure_threshold=settings.breaker_failure_threshold,
         window_s=settings.breaker_window_s, cooldown_s=settings.breaker_cooldown_s))
@@ -87,14 +104,16 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         settings=settings, db=db, sessionmaker=sessionmaker, keys=keys, adapters=adapters,
         watcher=AuthWatcher([keys, adapters], sessionmaker,
                             interval_s=settings.auth_poll_interval_s),
-        limiter=make_limiter(redis_url=settings.redis_url, fail_open=settings.redis_fail_open,
-                             timeout_s=settings.redis_timeout_s),
+        limiter=limiter,
         deployments=registry,
         http=HttpPool(max_connections=settings.upstream_max_connections),
-        meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s),
+        meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s,
+                         outbox_dir=outbox_dir(settings)),
         fallbacks=Fallbacks(registry, max_attempts=settings.route_max_attempts,
                             budget_s=settings.route_budget_s),
         cache=_response_cache(settings),
+        reconciler=BudgetReconciler(sessionmaker, limiter,
+                                    interval_s=settings.budget_reconcile_interval_s),
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)
@@ -102,6 +121,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
     for config in configs:
         deployment = state.build_deployment(config, engine)
         await deployment.start()
+        await state.record_price(deployment)
         state.deployments.add(deployment)
         logger.info("deployment %s serves model %s (%s, tier %s)", config.name,
                     config.model_name, config.provider, config.tier)
@@ -109,6 +129,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         state.deployments.set_alias(alias)
     await state.watcher.start()
     await state.meter.start()
+    await state.reconciler.start()
     return state
 
 
@@ -116,6 +137,7 @@ async def close_state(state: GatewayState) -> None:
     if state.background:
         await asyncio.gather(*state.background, return_exceptions=True)
     await state.watcher.stop()
+    await state.reconciler.stop()
     await state.meter.stop()
     for deployment in state.deployments.deployments():
         await deployment.close()
@@ -143,6 +165,15 @@ def _configured(settings: Settings, engine: AsyncLLMEngine | None
         configs.extend(routing.deployments)
         aliases = routing.aliases
     return configs, aliases
+
+
+def outbox_dir(settings: Settings) -> Path | None:
+    """The usage outbox of this database: a folder per database under the configured one, so
+    a process starting on one database never replays records meant for another."""
+    if settings.usage_outbox_dir is None:
+        return None
+    url = make_url(settings.database_url).render_as_string(hide_password=True)
+    return settings.usage_outbox_dir / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
 def _response_cache(settings: Settings) -> ResponseCache:

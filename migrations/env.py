@@ -14,6 +14,7 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from billing import models as _billing_models  # noqa: F401 - registers its tables
 from tenancy.models import Base
 
 config = context.config

@@ -28,6 +28,7 @@ class PlanLimits:
     semantic_threshold: float | None = None  # cosine similarity in (0, 1]
     cache_ttl_s: int | None = None
     cache_hit_price_percent: int = 0  # share of the normal price charged for a cached answer
+    price_markup_bp: int = 0  # on every price, in basis points: 2000 = +20%, -1000 = -10%
 
 
 @dataclass(frozen=True, slots=True)

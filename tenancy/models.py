@@ -111,6 +111,8 @@ class Plan(Base):
     cache_ttl_s: Mapped[int | None] = mapped_column(Integer)
     # Share (0..100) of the normal price charged for an answer served from cache.
     cache_hit_price_percent: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Markup (positive) or discount (negative) on every price, in basis points: 2000 = +20%.
+    price_markup_bp: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Tenant(Base):
@@ -203,22 +205,40 @@ class AuthState(Base):
 
 
 class UsageRecord(Base):
-    """One finished (or failed) request, priced in integer micro-USD. Billing extends this."""
+    """One request that reached admission, however it ended, priced in integer micro-USD.
+
+    `request_id` is unique: the outbox may deliver a record twice (replay after a crash) and
+    the second insert is dropped. Costs are kept per part with the price version they were
+    charged at, so an invoice never depends on today's price book.
+    """
 
     __tablename__ = "usage_records"
-    __table_args__ = (Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
+        Index("uq_usage_records_request_id", "request_id", unique=True),
+    )
 
     id: Mapped[int] = mapped_column(_AutoId, primary_key=True, autoincrement=True)
     request_id: Mapped[str] = mapped_column(String(64))
     tenant_id: Mapped[str] = mapped_column(String(32))
     key_id: Mapped[str | None] = mapped_column(String(KEY_ID_LENGTH))
-    model: Mapped[str] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))  # as asked: a model, an alias, an adapter
     deployment: Mapped[str] = mapped_column(String(200), default="")
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_micros: Mapped[int] = mapped_column(BigInteger, default=0)  # the total
     status: Mapped[str] = mapped_column(String(32), default="ok")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow, index=True)
     # One of CACHE_HITS; no CHECK, so that a new kind can never make a usage insert fail.
     cache_hit: Mapped[str] = mapped_column(String(16), default="none", server_default="none")
+    adapter: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    tier: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    input_cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    output_cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_cost_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    price_id: Mapped[str | None] = mapped_column(String(32))
+    queue_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    total_ms: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())

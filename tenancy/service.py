@@ -48,6 +48,7 @@ _PLAN_FIELDS = frozenset(
         "semantic_threshold",
         "cache_ttl_s",
         "cache_hit_price_percent",
+        "price_markup_bp",
     }
 )
 _KEY_ID_ATTEMPTS = 5
@@ -207,6 +208,8 @@ def _check_plan_field(field: str, value: Any) -> Any:
         return _check_bounded(value, field, low=1, high=_INT32_MAX, nullable=True)
     if field == "cache_hit_price_percent":
         return _check_bounded(value, field, low=0, high=100, nullable=False)
+    if field == "price_markup_bp":  # from free (-100%) to ten times the price
+        return _check_bounded(value, field, low=-10_000, high=100_000, nullable=False)
     if field in ("allowed_models", "allowed_tiers"):
         return _check_names(value, field)
     return _check_limit(value, field)
@@ -230,6 +233,7 @@ async def create_plan(
     semantic_threshold: float | None = None,
     cache_ttl_s: int | None = None,
     cache_hit_price_percent: int = 0,
+    price_markup_bp: int = 0,
 ) -> Plan:
     """Create a plan; ConflictError if the name is taken."""
     fields = {
@@ -245,6 +249,7 @@ async def create_plan(
         "semantic_threshold": semantic_threshold,
         "cache_ttl_s": cache_ttl_s,
         "cache_hit_price_percent": cache_hit_price_percent,
+        "price_markup_bp": price_markup_bp,
     }
     plan = Plan(**{field: _check_plan_field(field, value) for field, value in fields.items()})
     if await get_plan_by_name(session, name=plan.name) is not None:
@@ -502,6 +507,7 @@ def plan_limits(plan: Plan) -> PlanLimits:
         semantic_threshold=plan.semantic_threshold,
         cache_ttl_s=plan.cache_ttl_s,
         cache_hit_price_percent=plan.cache_hit_price_percent,
+        price_markup_bp=plan.price_markup_bp,
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from decimal import Decimal
@@ -11,6 +10,8 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+from billing.pricing import Rates, charge
 
 # "worker": a remote Switchboard worker; "openai": any OpenAI-compatible HTTP upstream. Both
 # take the direct pooled HTTP path. "litellm": any provider litellm knows, through litellm.
@@ -42,6 +43,8 @@ class DeploymentConfig(BaseModel):
     # USD per million tokens. None: litellm's cost map for litellm deployments, else free.
     input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     output_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
+    # Prompt tokens served from the prefix cache. None: half the input price.
+    cached_input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     context_window: Annotated[int, Field(ge=1)] = 8192
     capabilities: Capabilities = Field(default_factory=Capabilities)
     weight: Annotated[int, Field(ge=1, le=1000)] = 1  # share among equally good deployments
@@ -74,7 +77,7 @@ class DeploymentConfig(BaseModel):
         if self.input_price_per_1m is None and self.output_price_per_1m is None:
             return None
         return Price(self.input_price_per_1m or Decimal(0),
-                     self.output_price_per_1m or Decimal(0))
+                     self.output_price_per_1m or Decimal(0), self.cached_input_price_per_1m)
 
     def public(self) -> dict[str, object]:
         """What the admin API shows: everything but the secret."""
@@ -89,12 +92,23 @@ class Price:
 
     input_per_1m: Decimal = Decimal(0)
     output_per_1m: Decimal = Decimal(0)
+    cached_input_per_1m: Decimal | None = None  # None: half the input price
     source: str = "config"  # "config", "litellm" (its cost map) or "none"
+    price_id: str | None = None  # its version in the price book, once recorded
+
+    @property
+    def cached_per_1m(self) -> Decimal:
+        if self.cached_input_per_1m is not None:
+            return self.cached_input_per_1m
+        return self.input_per_1m / 2
+
+    def rates(self) -> Rates:
+        return Rates(self.input_per_1m, self.output_per_1m, self.cached_per_1m, self.price_id)
 
     def cost_micros(self, prompt_tokens: int, completion_tokens: int) -> int:
-        """Cost in integer micro-USD, rounded up."""
-        exact = self.input_per_1m * prompt_tokens + self.output_per_1m * completion_tokens
-        return math.ceil(exact)
+        """Cost in integer micro-USD, rounded up (no cached tokens, no markup)."""
+        return charge(self.rates(), prompt_tokens=prompt_tokens,
+                      completion_tokens=completion_tokens).total_micros
 
     @property
     def per_1m(self) -> Decimal:

@@ -293,7 +293,9 @@ def cost_map_price(litellm: ModuleType, model: str) -> Price:
     inp, out = info.get("input_cost_per_token"), info.get("output_cost_per_token")
     if inp is None and out is None:
         return Price(source="none")
-    return Price(_per_1m(inp), _per_1m(out), source="litellm")
+    cached = info.get("cache_read_input_token_cost")
+    return Price(_per_1m(inp), _per_1m(out), None if cached is None else _per_1m(cached),
+                 source="litellm")
 
 
 def _per_1m(per_token: Any) -> Decimal:

@@ -21,6 +21,7 @@ CacheMode = Literal["off", "auto", "exact", "semantic"]
 Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # cosine similarity
 TtlSeconds = Annotated[int, Field(ge=1, le=2**31 - 1)]
 Percent = Annotated[int, Field(ge=0, le=100)]
+MarkupBp = Annotated[int, Field(ge=-10_000, le=100_000)]
 # Ids of plans, tenants and keys, in paths and bodies: anything else names nothing.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=64,
                                       pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -61,6 +62,7 @@ class PlanCreate(_In):
     semantic_threshold: Threshold | None = None
     cache_ttl_s: TtlSeconds | None = None
     cache_hit_price_percent: Percent = 0
+    price_markup_bp: MarkupBp = 0
 
 
 class PlanUpdate(_In):
@@ -76,6 +78,7 @@ class PlanUpdate(_In):
     semantic_threshold: Threshold | None = None
     cache_ttl_s: TtlSeconds | None = None
     cache_hit_price_percent: Percent | None = None
+    price_markup_bp: MarkupBp | None = None
 
 
 class PlanOut(_Out):
@@ -93,6 +96,7 @@ class PlanOut(_Out):
     semantic_threshold: float | None
     cache_ttl_s: int | None
     cache_hit_price_percent: int
+    price_markup_bp: int
 
 
 class TenantCreate(_In):

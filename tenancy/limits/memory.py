@@ -159,6 +159,14 @@ class InProcessLimiter:
     async def spent_micros(self, budget: Budget) -> int:
         return self._spent(budget, self._clock())
 
+    async def reconcile_budget(self, budget: Budget, ledger_micros: int) -> None:
+        now = self._clock()
+        counter = self._live_counter(budget, now)
+        if counter is None:
+            await self.seed_budget(budget, ledger_micros)
+        elif counter.micros < ledger_micros:
+            counter.micros = ledger_micros
+
     async def close(self) -> None:
         self._scopes.clear()
         self._budgets.clear()

@@ -35,6 +35,19 @@ def _bucket(value: int) -> int | None:
     return None if value < 0 else value
 
 
+# KEYS[1] budget counter; ARGV ledger micros, ttl seconds. Raise only; keep a live TTL.
+_RAISE_TO = """
+local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local ledger = tonumber(ARGV[1])
+if current < 0 then
+  redis.call('SET', KEYS[1], ledger, 'EX', tonumber(ARGV[2]))
+elseif current < ledger then
+  redis.call('INCRBY', KEYS[1], ledger - current)
+end
+return 1
+"""
+
+
 class RedisLimiter:
     """Talks to Redis lazily; a failure or timeout never reaches the caller (fail open/closed)."""
 
@@ -124,6 +137,16 @@ class RedisLimiter:
             self._outage.failed("spent_micros", error)
             return 0
         return 0 if value is None else int(value)
+
+    async def reconcile_budget(self, budget: Budget, ledger_micros: int) -> None:
+        """One script: raise the counter to the ledger's spend, atomically with admissions."""
+        key = self._keys.budget(budget.scope, budget.period)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._connect()[0].eval(
+                    _RAISE_TO, 1, key, max(ledger_micros, 0), budget.period_ttl_s)
+        except _BACKEND_ERRORS as error:
+            self._outage.failed("reconcile_budget", error)
 
     async def close(self) -> None:
         client, self._client = self._client, None

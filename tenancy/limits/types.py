@@ -76,6 +76,11 @@ class Limiter(Protocol):
         a fresh budget."""
         ...
 
+    async def reconcile_budget(self, budget: Budget, ledger_micros: int) -> None:
+        """Raise the period's counter to at least the ledger's spend (never lower it: the
+        counter also holds reservations and spend the ledger has not received yet)."""
+        ...
+
     async def close(self) -> None:
         """Release connections; the limiter is not used afterwards."""
         ...

@@ -37,6 +37,7 @@ async def test_leaving_while_waiting_aborts_and_frees_the_slot(tmp_path, stream)
             env = {**os.environ, "PYTHONPATH": str(REPO), "SWITCHBOARD_DATABASE_URL": db_url,
                    "SWITCHBOARD_SECRET_KEY": SECRET, "SWITCHBOARD_EMBEDDED_MODEL": "none",
                    "SWITCHBOARD_USAGE_FLUSH_INTERVAL_S": "0.1",
+                   "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp_path / "outbox"),
                    "SWITCHBOARD_DEPLOYMENTS_FILE": str(write_deployments(
                        tmp_path, [mock_deployment(upstream.base_url)]))}
             proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port",

@@ -47,6 +47,7 @@ def live(tmp_path_factory, smollm2_path) -> Iterator[Live]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO),
            "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/gw.db",
            "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
+           "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
            "SWITCHBOARD_LOG_LEVEL": "warning",  # stdout is a pipe read only up to the key
            "SWITCHBOARD_EMBEDDED_KV_CACHE_MEMORY": str(128 << 20)}
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],

@@ -42,6 +42,7 @@ async def test_rpm_exact_across_three_gateways(tmp_path):
             env = {
                 **os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
                 "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
+                "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp_path / "outbox"),
                 "SWITCHBOARD_REDIS_URL": "redis://127.0.0.1:6379/0",
                 "SWITCHBOARD_REDIS_FAIL_OPEN": "false", "SWITCHBOARD_EMBEDDED_MODEL": "none",
                 # A loaded CI machine must not turn slow Redis answers into refusals.

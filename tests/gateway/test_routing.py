@@ -4,10 +4,12 @@ retry after the first streamed byte."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -28,6 +30,7 @@ from tests.gateway.support import (
 )
 
 MODEL = "chat"
+COOLDOWN_S = 3.0  # long enough that a loaded machine never sees it lapse by accident
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[World]:
     path = tmp_path / "routing.yaml"
     path.write_text(yaml.safe_dump(routing))
     cfg = settings(sqlite_url, tmp_path, deployments_file=path, breaker_failure_threshold=2,
-                   breaker_window_s=30, breaker_cooldown_s=0.5, route_max_attempts=3,
+                   breaker_window_s=30, breaker_cooldown_s=COOLDOWN_S, route_max_attempts=3,
                    route_budget_s=10)
     seeded = await seed_tenant(sqlite_url, tmp_path, name="initech")
     admin = bearer(await admin_key(sqlite_url, tmp_path))
@@ -200,14 +203,14 @@ async def test_breaker_opens_probes_and_closes(world):
     assert served_by(await world.chat()) == ("b", 1)
     assert world.requests("a") == 2
     # After the cooldown one probe goes to `a`; it fails, so the breaker opens again.
-    time.sleep(0.6)
+    await asyncio.sleep(COOLDOWN_S + 0.1)
     assert (await world.deployment("a"))["health"]["breaker"]["state"] == "half_open"
     assert served_by(await world.chat()) == ("b", 2)
     assert world.requests("a") == 3
     assert (await world.deployment("a"))["health"]["breaker"]["times_opened"] == 2
     # `a` recovers: the next probe succeeds and closes the breaker.
     world.mocks["a"].mock.mode = MockMode()
-    time.sleep(0.6)
+    await asyncio.sleep(COOLDOWN_S + 0.1)
     assert served_by(await world.chat()) == ("a", 1)
     listed = ok(await world.client.get("/admin/deployments", headers=world.admin))
     states = {d["name"]: d["health"]["breaker"]["state"] for d in listed}
@@ -324,7 +327,12 @@ async def test_admin_edits_prices_tiers_and_aliases_at_runtime(world):
     r = await world.client.patch("/admin/deployments/b", headers=admin,
                                  json={"input_price_per_1m": "0.1", "output_price_per_1m": "0.1"})
     edited = ok(r)
-    assert edited["price"] == {"input_per_1m": "0.1", "output_per_1m": "0.1", "source": "config"}
+    price = edited["price"]
+    assert (price["input_per_1m"], price["output_per_1m"], price["source"]) == (
+        "0.1", "0.1", "config")
+    assert Decimal(price["cached_input_per_1m"]) == Decimal("0.05")  # half, unless set
+    before = ok(await world.client.get("/admin/deployments/a", headers=admin))["price"]
+    assert price["price_id"] and price["price_id"] != before["price_id"]  # a new version
     assert served_by(await world.chat()) == ("b", 1)  # now the cheapest
 
     bad = await world.client.patch("/admin/deployments/b", headers=admin, json={"weight": 0})

@@ -8,6 +8,7 @@ from gateway.routes.admin import (
     admin_keys,
     aliases,
     deployments,
+    invoices,
     keys,
     plans,
     tenants,
@@ -15,5 +16,6 @@ from gateway.routes.admin import (
 )
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(get_admin)])
-for module in (plans, tenants, keys, adapters, admin_keys, deployments, aliases, usage):
+for module in (plans, tenants, keys, adapters, admin_keys, deployments, aliases, usage,
+               invoices):
     router.include_router(module.router)

@@ -29,6 +29,7 @@ class DeploymentEdit(BaseModel):
     tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     output_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
+    cached_input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     context_window: Annotated[int, Field(ge=1)] | None = None
     capabilities: Capabilities | None = None
     weight: Annotated[int, Field(ge=1, le=1000)] | None = None
@@ -56,6 +57,7 @@ async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str,
         raise conflict(f"A deployment named '{config.name}' already exists.")
     deployment = state.build_deployment(config)
     await deployment.start()
+    await state.record_price(deployment)
     try:
         state.deployments.add(deployment)
     except ValueError as exc:
@@ -70,8 +72,9 @@ async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
     """Tier, prices, window, capabilities, weight and limits change without a restart."""
     old = _find(state, name)
     changes = edit.model_dump(exclude_unset=True)
-    if old.config.provider == "embedded" and set(changes) - {"tier", "input_price_per_1m",
-                                                             "output_price_per_1m", "weight"}:
+    if old.config.provider == "embedded" and set(changes) - {
+            "tier", "input_price_per_1m", "output_price_per_1m", "cached_input_price_per_1m",
+            "weight"}:
         raise bad_request("The embedded engine's window and capabilities come from its "
                           "settings; only tier, prices and weight can change here.")
     config = DeploymentConfig.model_validate({**old.config.model_dump(), **changes})
@@ -80,6 +83,7 @@ async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
         await new.start()
     if config.configured_price() is None:
         new.price = old.price  # as the provider's price list gave it at start
+    await state.record_price(new)
     state.deployments.replace(old, new)
     return describe(state, new)
 
@@ -107,7 +111,9 @@ def describe(state: GatewayState, deployment: Deployment) -> dict[str, Any]:
     return {
         **deployment.config.public(),
         "price": {"input_per_1m": str(price.input_per_1m),
-                  "output_per_1m": str(price.output_per_1m), "source": price.source},
+                  "output_per_1m": str(price.output_per_1m),
+                  "cached_input_per_1m": str(price.cached_per_1m), "source": price.source,
+                  "price_id": price.price_id},
         "health": state.deployments.health(deployment.name).public(),
     }
 
