@@ -38,10 +38,11 @@ async def write_batch(session: AsyncSession, *, records: Sequence[dict[str, Any]
     if not rows:
         return 0
     insert = _insert_for(session)
-    stmt = (insert(UsageRecord).values(rows)
-            .on_conflict_do_nothing(index_elements=["request_id"])
+    # Executemany with RETURNING: SQLAlchemy batches it into multi-row INSERTs itself
+    # ("insertmanyvalues"), compiled once, instead of one statement with a bind per value.
+    stmt = (insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id"])
             .returning(UsageRecord.request_id))
-    inserted = set(await session.scalars(stmt))
+    inserted = set((await session.execute(stmt, rows)).scalars())
     new = [row for row in rows if row["request_id"] in inserted]
     groups = aggregate(new)
     if groups:

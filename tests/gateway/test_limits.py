@@ -156,3 +156,32 @@ async def test_budget_survives_a_restart(sqlite_url, tmp_path, mock_upstream, li
                                  redis_url=limiter_url) as gw:
         r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
         assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"
+
+
+async def test_a_counter_that_lost_spend_catches_up_with_the_ledger(sqlite_url, tmp_path,
+                                                                    mock_upstream):
+    """Redis loses the budget counter while the gateway runs (a flush, a failover): the
+    reconciler raises it back to what the ledger billed, and the budget bites again."""
+    import redis.asyncio as redis
+
+    url = "redis://127.0.0.1:6379/0"
+    t = await seed_tenant(sqlite_url, tmp_path, name="lost", plan={"budget_micros": 100})
+    cfg = settings(sqlite_url, tmp_path, redis_url=url, budget_reconcile_interval_s=0.2,
+                   deployments_file=write_deployments(
+                       tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    async with gateway_client(cfg) as gw:
+        for _ in range(20):
+            r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
+            if r.status_code == 429:
+                break
+            await asyncio.sleep(0.05)  # settled: the counter holds spend, not reservations
+        assert r.json()["error"]["code"] == "insufficient_quota"
+        client = redis.from_url(url)
+        async for key in client.scan_iter(match=f"sb:rl*bud:*tenant:{t.tenant_id}"):
+            await client.delete(key)
+        await client.aclose()
+        r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
+        assert r.status_code == 200  # the counter forgot: one more gets through
+        await asyncio.sleep(0.8)  # usage flushed, then reconciled from the ledger
+        r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota"

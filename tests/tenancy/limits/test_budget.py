@@ -74,3 +74,21 @@ async def test_settle_after_the_period_rolled_over_touches_only_the_old_period(
     await limiter.settle(old, tokens=10, cost_micros=50)
     assert await limiter.spent_micros(BUDGET) == 50
     assert await limiter.spent_micros(december) == COST
+
+
+async def test_reconcile_raises_a_counter_to_the_ledger_and_never_lowers_it(
+        limiter: Limiter) -> None:
+    admitted = request(1)
+    assert (await limiter.admit(admitted)).admitted
+    assert await limiter.spent_micros(BUDGET) == COST  # reserved
+    await limiter.reconcile_budget(BUDGET, 100)  # the ledger is behind: nothing changes
+    assert await limiter.spent_micros(BUDGET) == COST
+    await limiter.reconcile_budget(BUDGET, 900)  # the counter lost spend: it catches up
+    assert await limiter.spent_micros(BUDGET) == 900
+    await limiter.settle(admitted, tokens=10, cost_micros=COST)
+    assert await limiter.spent_micros(BUDGET) == 900
+    assert (await limiter.admit(request(2))).admitted  # 900 is under the cap
+    assert not (await limiter.admit(request(3))).admitted  # 1200 is not
+    other = Budget(scope="tenant:u", cap_micros=CAP, period="2026-11", period_ttl_s=3600)
+    await limiter.reconcile_budget(other, 250)  # no counter yet: starts from the ledger
+    assert await limiter.spent_micros(other) == 250
