@@ -35,6 +35,7 @@ from gateway.deployments.base import (
     estimated_call,
 )
 from gateway.deployments.config import DeploymentConfig, Price
+from gateway.deployments.http import error_event
 from gateway.errors import APIError, bad_request
 from gateway.schemas.openai import OpenAIRequest
 
@@ -208,12 +209,16 @@ class LiteLLMDeployment(Deployment):
                     chunk = await _next(stream)
             if _upstream_finished(stream) is False:
                 logger.warning("deployment %s: the stream ended unfinished", self.name)
+                yield error_event("the upstream ended the stream early", "upstream_error")
                 return
             call.usage.finished = True
             yield DONE
         except Exception as exc:  # the client has had bytes: end here, bill the usage so far
             logger.warning("deployment %s: the stream failed midway (%s)", self.name,
                            type(exc).__name__)
+            failure = self._failure(exc, call)
+            code = failure.code if isinstance(failure, UpstreamFailure) else "upstream_error"
+            yield error_event(failure.message, code or "upstream_error")
         finally:
             await _close_upstream(stream)
 

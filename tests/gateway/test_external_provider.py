@@ -416,15 +416,19 @@ CHUNK = {"object": "chat.completion.chunk", "created": 1, "model": "mock-model",
     {"done": False},  # the response ends cleanly, but with no finish and no [DONE]
     {"gap_s": 0.2, "timeout_s": 0.5},  # the deployment's deadline passes mid-stream
 ])
-async def test_a_stream_that_fails_midway_just_ends_billing_what_came(scripted, how):
+async def test_a_stream_that_fails_midway_ends_with_an_error_billing_what_came(scripted, how):
     timeout_s = how.pop("timeout_s", 30)
     scripted.answer = {"events": [CHUNK], "repeat": 4, **how}
     d = deployment(scripted.base_url, timeout_s=timeout_s)
     call = prepared(d, chat(stream=True))
     events = await events_of(d, call)
-    assert events and events[-1] != b"data: [DONE]\n\n"
-    assert 0 < len(parsed(events)) <= 4
-    assert (call.usage.completion_tokens, call.usage.finished) == (len(events), False)
+    *content, last = events
+    assert content and b"[DONE]" not in last
+    error = json.loads(last[len(b"data: "):])["error"]
+    assert error["type"] == "server_error" and error["code"].startswith("upstream_")
+    assert KEY not in error["message"] and "127.0.0.1" not in error["message"]
+    assert 0 < len(parsed(content)) <= 4
+    assert (call.usage.completion_tokens, call.usage.finished) == (len(content), False)
 
 
 async def test_closing_the_stream_early_closes_the_upstream(scripted):
