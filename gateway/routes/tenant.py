@@ -1,4 +1,4 @@
-"""Tenant self-service: a key sees its own tenant's keys and usage, nothing else."""
+"""Tenant self-service: a key sees its own tenant's keys, nothing else (usage: routes/usage.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from gateway.deps import SessionDep, StateDep, TenantDep
 from gateway.errors import not_found
-from gateway.schemas.admin import Id, KeyOut, ModelUsageOut, Timestamp, UsageOut
+from gateway.schemas.admin import Id, KeyOut
 from tenancy import service
 
 router = APIRouter(prefix="/v1", tags=["tenant"])
@@ -27,13 +27,3 @@ async def revoke_own_key(
         raise not_found(f"No API key with id '{key_id}'.")
     await state.watcher.catch_up()  # here at once; other replicas within a poll
     return KeyOut.model_validate(revoked)
-
-
-@router.get("/usage")
-async def own_usage(
-    key: TenantDep, session: SessionDep, since: Timestamp | None = None,
-    until: Timestamp | None = None,
-) -> UsageOut:
-    rows = await service.usage_summary(session, tenant_id=key.tenant_id, since=since, until=until)
-    return UsageOut(tenant_id=key.tenant_id, since=since, until=until,
-                    models=[ModelUsageOut.model_validate(r) for r in rows])

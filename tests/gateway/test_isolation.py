@@ -43,7 +43,8 @@ KEY_FIELDS = {"id", "tenant_id", "name", "created_at", "expires_at", "revoked_at
 TENANT_ROUTES = {
     ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
     ("GET", "/v1/models/{model}"), ("GET", "/v1/keys"), ("DELETE", "/v1/keys/{key_id}"),
-    ("GET", "/v1/usage"), ("POST", "/v1/adapters/upload"), ("GET", "/v1/adapters"),
+    ("GET", "/v1/usage"), ("GET", "/v1/usage/records"), ("POST", "/v1/adapters/upload"),
+    ("GET", "/v1/adapters"),
     ("POST", "/v1/adapters/{name}/load"), ("POST", "/v1/adapters/{name}/unload"),
     ("DELETE", "/v1/adapters/{name}"),
 }
@@ -338,7 +339,8 @@ def api_routes(app: FastAPI) -> set[tuple[str, str]]:
 
 def fill(path: str, tenant: Tenant) -> str:
     return path.format(tenant_id=tenant.tenant_id, plan_id=tenant.plan_id,
-                       key_id=next(iter(tenant.key_ids.values())), name="premium")
+                       key_id=next(iter(tenant.key_ids.values())), name="premium",
+                       period="2025-01")
 
 
 async def test_admin_api_refuses_tenant_keys(world):
