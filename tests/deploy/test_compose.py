@@ -30,4 +30,4 @@ def test_compose_deployments_config_is_valid(tmp_path):
     path.write_text(compose["configs"]["deployments"]["content"])
     [worker] = load_deployments_file(path)
     assert worker.base_url == "http://worker-cpu:8001/v1"
-    assert worker.provider == "openai"
+    assert worker.provider == "worker"
