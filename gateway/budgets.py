@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing.ledger import spent_by_tenant
 from gateway.admission import period_start, tenant_budget
 from tenancy import service
-from tenancy.limits import Limiter
+from tenancy.limits import Budget, Limiter
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,7 @@ async def seed_budgets(
     *, now: datetime | None = None,
 ) -> int:
     """Seed every budgeted tenant's current-period counter; returns how many were seeded."""
-    now = now or datetime.now(UTC)
-    rows = await ledger_spend(sessionmaker, now)
-    for tenant_id, cap, period, spent in rows:
-        await limiter.seed_budget(tenant_budget(tenant_id, cap, period, now), spent)
-    return len(rows)
+    return await _apply(sessionmaker, limiter.seed_budget, now or datetime.now(UTC))
 
 
 async def reconcile_budgets(
@@ -49,10 +46,14 @@ async def reconcile_budgets(
     *, now: datetime | None = None,
 ) -> int:
     """Raise every budgeted tenant's counter to its ledger spend; returns how many."""
-    now = now or datetime.now(UTC)
+    return await _apply(sessionmaker, limiter.reconcile_budget, now or datetime.now(UTC))
+
+
+async def _apply(sessionmaker: async_sessionmaker[AsyncSession],
+                 apply: Callable[[Budget, int], Awaitable[None]], now: datetime) -> int:
     rows = await ledger_spend(sessionmaker, now)
     for tenant_id, cap, period, spent in rows:
-        await limiter.reconcile_budget(tenant_budget(tenant_id, cap, period, now), spent)
+        await apply(tenant_budget(tenant_id, cap, period, now), spent)
     return len(rows)
 
 
