@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
 from gateway.routes import adapters, health, openai, tenant, usage
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(tenant.router)
     app.include_router(adapters.router)
     app.include_router(admin_router)
+    app.include_router(console_router)  # the admin web console at /console
     app.add_middleware(AdminGuard)  # admin auth before any body is parsed
     app.add_middleware(TenantUploadGuard, path=adapters.UPLOAD_PATH)
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes,

@@ -69,3 +69,7 @@ class Settings(BaseSettings):
     usage_outbox_dir: Path | None = Path(".switchboard-outbox")
     budget_reconcile_interval_s: float = 60.0  # budget counters raised to the ledger's spend
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    # --- Console (docs/console.md): the admin web console at /console --------------------
+    console_session_ttl_s: float = 8 * 3600.0  # a sign-in lasts this long, then sign in again
+    console_max_sessions: int = 10_000  # per process; the oldest session goes first
