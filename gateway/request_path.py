@@ -65,12 +65,17 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
                                   price=order[0].price)
     decision = await gw.limiter.admit(admission)
     if not decision.admitted:
+        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
+                           model=gw.metrics.model_label(order[0].config.model_name,
+                                                        adapter=plan.adapter is not None))
         raise refusal(decision)
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock)
     try:
         use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
         hit = None if use is None else await gw.cache.lookup(use)
+        if use is not None and use.lookup:
+            gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
         if hit is not None:
             return ticket.answer_from_cache(hit, engine_id, headers, stream=body.stream)
         headers["x-cache"] = "miss"
@@ -107,6 +112,16 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     except BaseException:
         ticket.close("error")
         raise
+
+
+def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
+    """The caches a lookup consulted: semantic only after an exact miss, and not when the
+    prompt was too long to embed (the lookup then clears the scope)."""
+    kinds = ["exact"] if use.exact_key is not None else []
+    if (hit is not None and hit.kind == "semantic") or (
+            hit is None and use.scope is not None and use.text is not None):
+        kinds.append("semantic")
+    return kinds
 
 
 def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
@@ -375,6 +390,15 @@ class Ticket:
             ttft_ms=self.clock.ms(self.clock.first or now), total_ms=self.clock.ms(now),
             started_at=self.clock.started_at, created_at=datetime.now(UTC),
         )
+        metrics = self.gw.metrics
+        metrics.finished(
+            tenant=self.key.tenant_id, status=status, cache=self.cache_hit,
+            model=metrics.model_label(self.deployment.config.model_name,
+                                      adapter=adapter is not None),
+            prompt_tokens=billed_prompt, completion_tokens=usage.completion_tokens,
+            cached_tokens=cached, cost_micros=cost.total_micros,
+            ttft_s=None if self.clock.first is None else self.clock.first - self.clock.start,
+            total_s=now - self.clock.start, streamed=bool(self.call.request.stream))
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
         self._background(self.gw.limiter.settle(
             self.admission, tokens=billed_prompt + usage.completion_tokens,

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     usage_outbox_dir: Path | None = Path(".switchboard-outbox")
     budget_reconcile_interval_s: float = 60.0  # budget counters raised to the ledger's spend
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # GET /metrics: when set, scrapers send `Authorization: Bearer <token>`. Empty: open to
+    # anyone who can reach it, so then keep /metrics reachable only from inside the network.
+    metrics_token: str = ""
 
     # --- Console (docs/console.md): the admin web console at /console --------------------
     console_session_ttl_s: float = 8 * 3600.0  # a sign-in lasts this long, then sign in again

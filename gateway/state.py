@@ -23,6 +23,7 @@ from gateway.deployments.base import Deployment
 from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
+from gateway.observability.metrics import GatewayMetrics
 from gateway.response_cache import ResponseCache
 from gateway.routing.breaker import BreakerSettings
 from gateway.routing.fallback import Fallbacks
@@ -50,6 +51,7 @@ class GatewayState:
     fallbacks: Fallbacks
     cache: ResponseCache
     reconciler: BudgetReconciler
+    metrics: GatewayMetrics
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def record_price(self, deployment: Deployment) -> None:
@@ -100,6 +102,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
     registry = DeploymentRegistry(BreakerSettings(
         failure_threshold=settings.breaker_failure_threshold,
         window_s=settings.breaker_window_s, cooldown_s=settings.breaker_cooldown_s))
+    metrics = GatewayMetrics(registry)
     state = GatewayState(
         settings=settings, db=db, sessionmaker=sessionmaker, keys=keys, adapters=adapters,
         watcher=AuthWatcher([keys, adapters], sessionmaker,
@@ -110,10 +113,11 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s,
                          outbox_dir=outbox_dir(settings)),
         fallbacks=Fallbacks(registry, max_attempts=settings.route_max_attempts,
-                            budget_s=settings.route_budget_s),
+                            budget_s=settings.route_budget_s, metrics=metrics),
         cache=_response_cache(settings),
         reconciler=BudgetReconciler(sessionmaker, limiter,
                                     interval_s=settings.budget_reconcile_interval_s),
+        metrics=metrics,
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)

@@ -13,11 +13,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.deployments.base import Call, Deployment, UpstreamFailure
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
+
+if TYPE_CHECKING:
+    from gateway.observability.metrics import GatewayMetrics
 
 CONTEXT_CODE = "context_length_exceeded"
 
@@ -46,6 +50,7 @@ class Fallbacks:
     registry: DeploymentRegistry
     max_attempts: int = 3
     budget_s: float = 60.0  # the whole search, from the first attempt to the first byte
+    metrics: GatewayMetrics | None = None
 
     async def serve(self, order: list[Deployment], first_call: Call, *, stream: bool,
                     request_id: str, prepare: Callable[[Deployment], Call],
@@ -83,30 +88,39 @@ class Fallbacks:
             except UpstreamFailure as exc:
                 health.in_flight -= 1
                 health.failed()
+                self._observe(deployment, exc.code)
                 last = exc
                 continue
             except TimeoutError:
                 health.in_flight -= 1
                 health.failed()
                 last = UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
+                self._observe(deployment, last.code)
                 continue
             except APIError as exc:
                 health.in_flight -= 1
                 health.breaker.release()
+                self._observe(deployment, exc.code or "client_error")
                 context_error = _too_long(exc, context_error)
                 too_small = max(too_small, deployment.config.context_window)
                 continue
             except BaseException:  # cancelled (the client left) or a bug: no verdict
                 health.in_flight -= 1
                 health.breaker.release()
+                self._observe(deployment, None)
                 raise
             health.succeeded(time.monotonic() - started)
+            self._observe(deployment, None)
             return Served(deployment, call, result, attempts, release=_once(health))
         if last is None and context_error is not None:
             raise context_error
         raise AllAttemptsFailed(last or UpstreamFailure(
             503, "no deployment could take the request; retry later",
             code="no_healthy_deployment"), attempts)
+
+    def _observe(self, deployment: Deployment, error_code: str | None) -> None:
+        if self.metrics is not None:
+            self.metrics.attempt(deployment.name, error_code)
 
 
 def _too_long(exc: APIError, first: APIError | None) -> APIError:

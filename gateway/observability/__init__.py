@@ -1,0 +1,1 @@
+"""What the gateway exposes about itself to operators (Prometheus metrics)."""
