@@ -53,7 +53,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_body(raw, chat=chat)
     plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                            tier=_asked_tier(request), logprobs=_wants_logprobs(body))
+                            tier=_asked_tier(request), logprobs=body.wants_logprobs)
 
     def prepare(deployment: Deployment) -> Call:
         return deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
@@ -155,13 +155,6 @@ def _asked_tier(request: Request) -> str | None:
         raise bad_request(f"Invalid {TIER_HEADER} header.", param=TIER_HEADER,
                           code="invalid_value")
     return tier
-
-
-def _wants_logprobs(body: OpenAIRequest) -> bool:
-    logprobs = body.logprobs
-    if isinstance(body, ChatCompletionRequest):
-        return bool(logprobs)
-    return logprobs is not None
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -63,7 +63,8 @@ class ResponseCache:
             chat: bool, model_key: str) -> CacheUse | None:
         """None when no cache applies to this request."""
         mode = _mode(key.plan.cache_mode, headers.get("x-switchboard-cache"))
-        if mode == "off" or _has_logprobs(request):
+        # Answers with logprobs are not cached: a replayed stream could not carry them.
+        if mode == "off" or request.wants_logprobs:
             return None
         directives = _directives(headers.get("cache-control", ""))
         body = request.upstream_body()
@@ -157,10 +158,3 @@ def _mode(plan_mode: str, asked: str | None) -> str:
 def _directives(value: str) -> set[str]:
     return {part.strip().split("=", 1)[0].lower() for part in value.split(",") if part.strip()}
 
-
-def _has_logprobs(request: OpenAIRequest) -> bool:
-    """Answers with logprobs are not cached: a replayed stream could not carry them."""
-    logprobs = getattr(request, "logprobs", None)
-    if isinstance(logprobs, bool):
-        return logprobs
-    return logprobs is not None  # completions: an int, where 0 still returns logprobs

@@ -72,6 +72,10 @@ class ChatCompletionRequest(_Sampling):
         values = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
         return max(values) if values else None
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
     def prompt_chars(self) -> int:
         total = 0
         for m in self.messages:
@@ -88,6 +92,10 @@ class CompletionRequest(_Sampling):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None  # an int, where 0 still returns logprobs
 
     def prompt_chars(self) -> int:
         if isinstance(self.prompt, str):
