@@ -143,13 +143,16 @@ async def test_usage_charts_exports_and_invoices(sqlite_url, tmp_path, mock_upst
         body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
         r = await c.client.post("/v1/chat/completions", json=body, headers=bearer(seeded.key))
         assert r.status_code == 200, r.text
-        for _ in range(100):  # flushed every 0.1 s
+        # Flushed every 0.1 s. The page's queries are separate reads, so a flush landing between
+        # them can show the tables before the chart: wait until both show the request.
+        for _ in range(100):
             page = await c.client.get("/console/usage")
-            if "No usage in this period" not in page.text:
+            chart = json.loads(
+                re.search(r'class="chart-data">([^<]+)</script>', page.text).group(1))
+            if "No usage in this period" not in page.text and chart["requests"][-1]:
                 break
             await asyncio.sleep(0.1)
         assert page.status_code == 200 and 'id="top-tenants"' in page.text and "acme" in page.text
-        chart = json.loads(re.search(r'class="chart-data">([^<]+)</script>', page.text).group(1))
         assert len(chart["days"]) == 30 and chart["requests"][-1] == 1
         assert chart["prompt_tokens"][-1] > 0
         r = await c.client.get(f"/console/usage?tenant_id={seeded.tenant_id}&tier=nope",
