@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)
+    migrate = sub.add_parser("migrate", help="apply database migrations, then exit")
+    migrate.set_defaults(func=_migrate)
     worker = sub.add_parser("worker", help="serve one engine over HTTP, without tenancy")
     _worker_arguments(worker)
     worker.set_defaults(func=_worker)
@@ -37,13 +39,21 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.app import create_app
     from tenancy.migrate import upgrade
 
-    upgrade(settings.database_url)
+    if settings.migrate_on_start:
+        upgrade(settings.database_url)
     key = asyncio.run(_bootstrap_admin_key(settings))
     if key is not None:
         print(f"\nBootstrap admin key (shown once, stored only hashed):\n\n    {key}\n",
               flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port,
                 log_level=settings.log_level, access_log=False)
+    return 0
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from tenancy.migrate import upgrade
+
+    upgrade(settings.database_url)
     return 0
 
 
@@ -76,20 +86,37 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
     worker.add_argument("--max-num-seqs", type=int, default=128)
     worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    worker.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=True)
+    worker.add_argument("--max-loras", type=int, default=4)
+    worker.add_argument("--max-lora-rank", type=int, default=16)
+    worker.add_argument("--max-cpu-loras", type=int, default=None)
+    worker.add_argument("--worker-id", default=None, help="default: host:port")
+    worker.add_argument("--register-redis", default=None, metavar="URL",
+                        help="announce this worker in Redis with heartbeats (gateway discovery)")
+    worker.add_argument("--advertise-url", default=None,
+                        help="the URL gateways reach this worker at (default: http://host:port)")
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from workers.async_engine import AsyncLLMEngine
-    from workers.server import create_app
+    from workers.server import WorkerOptions, create_app
 
     engine = AsyncLLMEngine(
         args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )
-    uvicorn.run(create_app(engine, args.served_model_name), host=args.host, port=args.port,
-                log_level="info")
+    advertise = args.advertise_url or f"http://{args.host}:{args.port}"
+    options = WorkerOptions(
+        model_name=args.served_model_name, secret=settings.worker_secret,
+        worker_id=args.worker_id or f"{args.host}:{args.port}", advertise_url=advertise,
+        redis_url=args.register_redis, heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+    )
+    uvicorn.run(create_app(engine, options), host=args.host, port=args.port,
+                log_level=settings.log_level, access_log=False)
     return 0
 
 

@@ -69,6 +69,28 @@ class Settings(BaseSettings):
     usage_outbox_dir: Path | None = Path(".switchboard-outbox")
     budget_reconcile_interval_s: float = 60.0  # budget counters raised to the ledger's spend
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Logs: one JSON object per line (request id, tenant, trace id), or plain text for a
+    # terminal. Prompt and completion text is never logged unless `log_prompts` is set.
+    log_format: Literal["json", "text"] = "json"
+    log_prompts: bool = False
+    # Traces (docs/observability.md): "otlp" sends spans over OTLP/HTTP to `otel_endpoint`
+    # (e.g. http://otel-collector:4318/v1/traces), "console" prints them (development).
+    otel_exporter: Literal["none", "console", "otlp"] = "none"
+    otel_endpoint: str = ""
+    otel_service_name: str = "switchboard-gateway"
+    otel_sample_ratio: float = 1.0
+    # `serve` applies migrations first; replicas set this false and run `switchboard migrate`
+    # once before they start (docker-compose's `migrate` service, a Helm hook).
+    migrate_on_start: bool = True
+
+    # --- Remote workers (docs/scaling.md) ------------------------------------------------
+    # The shared secret between gateways and `switchboard worker` processes: the gateway sends
+    # it as a bearer token, the worker refuses calls without it. Empty: workers are open.
+    worker_secret: str = ""
+    # Workers that register themselves in Redis (`switchboard worker --register-redis`)
+    # become deployments of the matching `provider: worker` entry with `discover: true`.
+    worker_heartbeat_ttl_s: float = 6.0  # a worker unseen this long is dropped
+    worker_stats_interval_s: float = 1.0  # how often the gateway polls each worker's /stats
     # GET /metrics: when set, scrapers send `Authorization: Bearer <token>`. Empty: open to
     # anyone who can reach it, so then keep /metrics reachable only from inside the network.
     metrics_token: str = ""

@@ -17,6 +17,7 @@ from typing import Any
 from workers.async_engine import AsyncLLMEngine
 from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError
+from workers.engine.sequence import RequestMetrics
 from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
 
@@ -49,6 +50,7 @@ class PreparedCall:
     request: PreparedRequest
     model: str  # as the response names it: the base model, or "base:adapter"
     usage: Usage = field(default_factory=Usage)
+    metrics: RequestMetrics | None = None  # the engine's timings, from the latest output
 
     @property
     def max_output_tokens(self) -> int:
@@ -93,7 +95,7 @@ class EmbeddedClient:
         """Run to the end; cancelling the awaiting task aborts the engine request."""
         final: RequestOutput | None = None
         async for final in self.engine.generate(call.request, request_id=request_id):
-            _count(call.usage, final)
+            _count(call, final)
         assert final is not None
         call.usage.finished = True
         return self._response(final, call, request_id)
@@ -134,7 +136,7 @@ class EmbeddedClient:
 
         try:
             async for out in outputs():
-                _count(call.usage, out)
+                _count(call, out)
                 choices = []
                 for c in out.outputs:
                     is_first = c.index not in sent
@@ -208,7 +210,9 @@ class EmbeddedClient:
         }
 
 
-def _count(usage: Usage, out: RequestOutput) -> None:
+def _count(call: PreparedCall, out: RequestOutput) -> None:
+    call.metrics = out.metrics
+    usage = call.usage
     usage.prompt_tokens = len(out.prompt_token_ids)
     usage.cached_tokens = out.num_cached_tokens
     usage.completion_tokens = sum(len(c.token_ids) for c in out.outputs)

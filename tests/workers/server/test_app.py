@@ -1,0 +1,178 @@
+"""The worker's internal API on a real tiny-Llama engine: auth, generation, adapters, drain,
+stats and metrics. (tests/e2e covers it as a live process, with gateways in front.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from tests.workers.lora.helpers import make_peft_adapter
+from workers import LLM, SamplingParams
+from workers.async_engine import AsyncLLMEngine
+from workers.server import WorkerOptions, create_app
+
+SECRET = "worker-secret-for-tests"
+AUTH = {"authorization": f"Bearer {SECRET}"}
+MODEL = "tiny"
+PROMPT = [5, 17, 301, 44, 9, 1200, 77]
+
+
+def engine_args(**extra):
+    return dict(kv_cache_memory=8 << 20, enable_lora=True, max_loras=2, max_lora_rank=16) | extra
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tiny_llama_path):
+    return make_peft_adapter(tiny_llama_path, tmp_path_factory.mktemp("ad") / "a", seed=3, r=8)
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_llama_path, adapter):
+    """Greedy texts from the offline engine: base and with the adapter."""
+    llm = LLM(str(tiny_llama_path), **engine_args())
+    llm.add_lora("a", str(adapter))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    base = llm.generate([PROMPT], params)[0].text
+    tuned = llm.generate([PROMPT], params, lora="a")[0].text
+    assert base != tuned
+    return {"base": base, "adapter": tuned}
+
+
+@pytest.fixture
+def client(tiny_llama_path):
+    engine = AsyncLLMEngine(str(tiny_llama_path), **engine_args())
+    app = create_app(engine, WorkerOptions(model_name=MODEL, secret=SECRET, worker_id="w1",
+                                           advertise_url="http://127.0.0.1:1"))
+    with TestClient(app) as c:
+        yield c
+
+
+def complete(client, model=MODEL, **extra):
+    return client.post("/v1/completions", headers=AUTH, json={
+        "model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, **extra})
+
+
+def test_everything_but_probes_needs_the_secret(client):
+    for method, path in [("POST", "/v1/completions"), ("GET", "/stats"), ("GET", "/metrics"),
+                         ("POST", "/admin/drain"), ("GET", "/v1/lora_adapters"),
+                         ("POST", "/v1/load_lora_adapter"), ("GET", "/v1/models")]:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": SECRET}):
+            resp = client.request(method, path, headers=headers, json={})
+            assert resp.status_code == 401, (method, path, headers)
+            assert resp.json()["error"]["code"] == "invalid_worker_secret"
+    assert client.get("/health/live").status_code == 200
+    assert client.get("/health/ready").status_code == 200
+
+
+def test_generation_equals_the_offline_engine_streamed_or_not(client, expected):
+    whole = complete(client, response_model="base-shown")
+    assert whole.status_code == 200
+    body = whole.json()
+    assert body["choices"][0]["text"] == expected["base"]
+    assert body["model"] == "base-shown"
+    assert body["usage"]["completion_tokens"] == 8
+    with client.stream("POST", "/v1/completions", headers=AUTH, json={
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }) as resp:
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == expected["base"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_bad_input_is_a_clear_4xx(client):
+    resp = complete(client, model="nope")
+    assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
+    assert complete(client, cache_salt=5).status_code == 400
+    assert complete(client, response_model=["x"]).status_code == 400
+    resp = client.post("/v1/completions", headers=AUTH, content=b"{not json")
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_adapters_load_hot_serve_replace_and_unload(client, adapter, expected, tmp_path):
+    load = {"lora_name": "t1/a", "lora_path": str(adapter), "adapter_id": "id-1"}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    listed = client.get("/v1/lora_adapters", headers=AUTH).json()["data"]
+    assert [(a["lora_name"], a["adapter_id"]) for a in listed] == [("t1/a", "id-1")]
+    assert listed[0]["tier"] in ("device", "cpu")
+    assert "t1/a" in [m["id"] for m in client.get("/v1/models", headers=AUTH).json()["data"]]
+    assert complete(client, model="t1/a").json()["choices"][0]["text"] == expected["adapter"]
+    assert complete(client).json()["choices"][0]["text"] == expected["base"]
+    # The same name under a new registration (another path, another id) replaces it.
+    other = make_peft_adapter(_base_of(adapter), tmp_path / "b", seed=9, r=4)
+    load2 = {"lora_name": "t1/a", "lora_path": str(other), "adapter_id": "id-2"}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load2).status_code == 200
+    replaced = complete(client, model="t1/a").json()["choices"][0]["text"]
+    assert replaced != expected["adapter"]
+    stats = client.get("/stats", headers=AUTH).json()
+    assert stats["adapters"]["t1/a"]["adapter_id"] == "id-2"
+    resp = client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "t1/a"})
+    assert resp.status_code == 200
+    assert complete(client, model="t1/a").status_code == 404
+    resp = client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "t1/a"})
+    assert resp.status_code == 404
+
+
+def _base_of(adapter):
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    return config["base_model_name_or_path"]
+
+
+def test_adapter_refusals(client, tmp_path):
+    def load(**body):
+        return client.post("/v1/load_lora_adapter", headers=AUTH, json=body)
+
+    missing = load(lora_name="x", lora_path=str(tmp_path / "missing"))
+    assert missing.status_code == 400 and missing.json()["error"]["param"] in ("lora_path", None)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "adapter_config.json").write_text("{nope")
+    assert load(lora_name="x", lora_path=str(tmp_path / "bad")).status_code == 400
+    assert load(lora_name=MODEL, lora_path=str(tmp_path)).status_code == 400
+    assert load(lora_name="", lora_path="p").status_code == 400
+    resp = client.post("/v1/unload_lora_adapter", headers=AUTH,
+                       json={"lora_name": "x", "wait_s": 999})
+    assert resp.status_code == 400
+    assert client.get("/v1/lora_adapters", headers=AUTH).json()["data"] == []
+
+
+def test_drain_stops_new_work_and_resume_takes_it_again(client):
+    resp = client.post("/admin/drain", headers=AUTH)
+    assert resp.json() == {"draining": True, "in_flight": 0}
+    assert client.get("/health/ready").status_code == 503
+    assert client.get("/health/live").status_code == 200
+    refused = complete(client)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "worker_draining"
+    assert client.get("/stats", headers=AUTH).json()["ready"] is False
+    assert client.post("/admin/drain", headers=AUTH, json={"drain": "no"}).status_code == 400
+    client.post("/admin/drain", headers=AUTH, json={"drain": False})
+    assert client.get("/health/ready").status_code == 200
+    assert complete(client).status_code == 200
+
+
+def test_stats_and_metrics_report_load_and_latency(client):
+    assert complete(client).status_code == 200
+    complete(client, model="nope")
+    stats = client.get("/stats", headers=AUTH).json()
+    assert stats["worker_id"] == "w1" and stats["url"] == "http://127.0.0.1:1"
+    assert stats["model"] == MODEL and stats["ready"] is True and stats["in_flight"] == 0
+    assert {"num_waiting", "num_running", "kv_cache_usage"} <= set(stats["stats"])
+    text = client.get("/metrics", headers=AUTH).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("switchboard_worker_requests_total",
+                    (("kind", "completion"), ("status", "ok")))] == 1
+    assert samples[("switchboard_worker_requests_total",
+                    (("kind", "completion"), ("status", "invalid")))] == 1
+    assert samples[("switchboard_worker_time_to_first_token_seconds_count", ())] == 1
+    assert samples[("switchboard_worker_time_per_output_token_seconds_count", ())] == 1
+    assert samples[("switchboard_worker_generation_tokens_total", ())] == 8
+    assert ("switchboard_worker_kv_cache_usage_ratio", ()) in samples
+    assert ("switchboard_worker_preemptions_total", ()) in samples
+    assert ("switchboard_worker_adapter_loads_total", ()) in samples

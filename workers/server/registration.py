@@ -1,0 +1,79 @@
+"""A worker announces itself in Redis so gateways find it without a config change.
+
+Each worker keeps one key, `switchboard:workers:<id>`, with a TTL a few heartbeats long, and
+its id in the set `switchboard:workers`. A worker that dies simply stops refreshing its key
+and gateways drop it once the key expires; a clean stop deletes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from redis import asyncio as aioredis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+WORKERS_SET = "switchboard:workers"
+KEY_PREFIX = "switchboard:workers:"
+
+
+def worker_key(worker_id: str) -> str:
+    return KEY_PREFIX + worker_id
+
+
+class Heartbeat:
+    """Refreshes this worker's entry every ttl/3 seconds until stopped."""
+
+    def __init__(self, redis_url: str, *, worker_id: str, ttl_s: float,
+                 describe: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.redis_url = redis_url
+        self.worker_id = worker_id
+        self.ttl_s = ttl_s
+        self._describe = describe
+        self._redis: aioredis.Redis | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._redis = aioredis.from_url(self.redis_url, socket_timeout=max(self.ttl_s / 3, 0.5))
+        await self.beat()  # a worker that cannot register says so at start, not silently
+        self._task = asyncio.create_task(self._run(), name="worker-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        if self._redis is not None:
+            try:
+                await self._redis.delete(worker_key(self.worker_id))
+                await self._redis.srem(WORKERS_SET, self.worker_id)
+            except RedisError as exc:
+                logger.warning("could not deregister worker %s: %s", self.worker_id, exc)
+            await self._redis.aclose()
+            self._redis = None
+
+    async def beat(self) -> None:
+        assert self._redis is not None
+        entry = {**await self._describe(), "worker_id": self.worker_id, "ts": time.time()}
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.set(worker_key(self.worker_id), json.dumps(entry), px=int(self.ttl_s * 1000))
+            pipe.sadd(WORKERS_SET, self.worker_id)
+            await pipe.execute()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                await self.beat()
+            except (RedisError, OSError) as exc:
+                # Keep serving: gateways with a static config still reach this worker, and
+                # the next beat re-registers it once Redis answers again.
+                logger.warning("worker heartbeat failed: %s", exc)

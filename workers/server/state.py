@@ -1,0 +1,63 @@
+"""What one worker process knows about itself: its engine, options, drain flag, adapters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from workers.async_engine import AsyncLLMEngine
+from workers.client import EmbeddedClient, PreparedCall
+from workers.server.metrics import WorkerMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    model_name: str
+    secret: str = ""  # the gateways' bearer token; empty: open (loopback development only)
+    worker_id: str = "worker"
+    advertise_url: str = ""  # how gateways reach this worker, announced with its heartbeat
+    redis_url: str | None = None  # register in Redis for gateway discovery
+    heartbeat_ttl_s: float = 6.0
+    tracer_provider: Any = None  # an opentelemetry TracerProvider, or None for no traces
+
+
+class WorkerState:
+    def __init__(self, engine: AsyncLLMEngine, options: WorkerOptions) -> None:
+        self.engine = engine
+        self.options = options
+        self.client = EmbeddedClient(engine, options.model_name)
+        self.metrics = WorkerMetrics(self.engine_stats)
+        self.ready = False  # the model is loaded and the step loop runs
+        self.draining = False  # finish what runs, take nothing new
+        self.in_flight = 0
+        self.adapter_ids: dict[str, str | None] = {}  # engine name -> the caller's tag for it
+        self.adapter_locks: dict[str, asyncio.Lock] = {}
+        # Called as each request ends (traces record the engine's queue/prefill/decode here).
+        self.on_finish: Callable[[PreparedCall], None] | None = None
+
+    @property
+    def serves_adapters(self) -> bool:
+        core = self.engine.engine
+        return core is not None and core.loras is not None
+
+    def engine_stats(self) -> dict[str, float]:
+        return self.engine.stats() if self.engine.engine is not None else {}
+
+    async def adapters(self) -> dict[str, dict[str, Any]]:
+        if not self.serves_adapters:
+            return {}
+        return {s.name: {"tier": s.tier, "pinned": s.pinned, "num_requests": s.num_requests,
+                         "rank": s.rank, "adapter_id": self.adapter_ids.get(s.name)}
+                for s in await self.engine.list_loras()}
+
+    async def describe(self) -> dict[str, Any]:
+        """/stats, and the heartbeat's payload: what gateways route on."""
+        return {
+            "worker_id": self.options.worker_id, "url": self.options.advertise_url,
+            "model": self.options.model_name, "ready": self.ready and not self.draining,
+            "draining": self.draining, "in_flight": self.in_flight,
+            "serves_adapters": self.serves_adapters,
+            "stats": self.engine_stats(), "adapters": await self.adapters() if self.ready else {},
+        }
