@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,17 +21,21 @@ from gateway.state import close_state, open_state
 from tenancy.service import ConflictError, InvalidError, NotFoundError, ServiceError
 from workers.async_engine import AsyncLLMEngine
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 
-def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | None = None
-               ) -> FastAPI:
-    """`engine`: an engine to embed (the app starts and stops it); otherwise settings decide."""
+def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | None = None,
+               tracer_provider: TracerProvider | None = None) -> FastAPI:
+    """`engine`: an engine to embed (the app starts and stops it); otherwise settings decide.
+    `tracer_provider`: where this app's spans go (tests; the caller shuts it down); otherwise
+    the `otel_*` settings make one, or none."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.gateway = await open_state(settings, engine=engine)
+        app.state.gateway = await open_state(settings, engine=engine,
+                                             tracer_provider=tracer_provider)
         try:
             yield
         finally:
@@ -89,6 +93,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        # Logged by GatewayMiddleware, inside the request's log context and span: this
+        # handler runs outside every middleware, where the request's ids are gone.
         return JSONResponse(error_body("The server had an error processing your request.",
                                        "server_error"), status_code=500)

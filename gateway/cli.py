@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from gateway.commands import tenancy as tenancy_commands
 from gateway.commands import usage as usage_commands
+from gateway.observability.logs import configure_logging, configured_secrets
 from gateway.settings import Settings
 
 
@@ -19,8 +19,6 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.set_defaults(func=_serve)
-    migrate = sub.add_parser("migrate", help="apply database migrations, then exit")
-    migrate.set_defaults(func=_migrate)
     worker = sub.add_parser("worker", help="serve one engine over HTTP, without tenancy")
     _worker_arguments(worker)
     worker.set_defaults(func=_worker)
@@ -28,8 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     usage_commands.register(sub)
     args = parser.parse_args(argv)
     settings = Settings()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level, settings.log_format,
+                      secrets=configured_secrets(settings))
     sys.exit(args.func(args, settings))
 
 
@@ -46,14 +44,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         print(f"\nBootstrap admin key (shown once, stored only hashed):\n\n    {key}\n",
               flush=True)
     uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                log_level=settings.log_level, access_log=False)
-    return 0
-
-
-def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from tenancy.migrate import upgrade
-
-    upgrade(settings.database_url)
+                log_level=settings.log_level, access_log=False, log_config=None)
     return 0
 
 
@@ -102,6 +93,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from workers.async_engine import AsyncLLMEngine
     from workers.server import WorkerOptions, create_app
+    from workers.telemetry import make_tracer_provider
 
     engine = AsyncLLMEngine(
         args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
@@ -114,10 +106,20 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         model_name=args.served_model_name, secret=settings.worker_secret,
         worker_id=args.worker_id or f"{args.host}:{args.port}", advertise_url=advertise,
         redis_url=args.register_redis, heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+        tracer_provider=make_tracer_provider(
+            service_name=_worker_service_name(settings), exporter=settings.otel_exporter,
+            endpoint=settings.otel_endpoint, sample_ratio=settings.otel_sample_ratio),
     )
     uvicorn.run(create_app(engine, options), host=args.host, port=args.port,
-                log_level=settings.log_level, access_log=False)
+                log_level=settings.log_level, access_log=False, log_config=None)
     return 0
+
+
+def _worker_service_name(settings: Settings) -> str:
+    """The gateway's default service name is not the worker's; an explicit one is kept."""
+    if "otel_service_name" in settings.model_fields_set:
+        return settings.otel_service_name
+    return "switchboard-worker"
 
 
 if __name__ == "__main__":

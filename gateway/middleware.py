@@ -1,21 +1,34 @@
 """Pure ASGI middleware (streams pass through unbuffered).
 
-Every response gets an `x-request-id` (the caller's, if it sent a sane one) and an
-`x-gateway-overhead-ms`: time spent in the gateway before the response started, minus the
-time spent waiting on the upstream. Bodies announced as too large are refused with 413 before
-they are read. Adapter uploads have their own, larger limit, also enforced while the body
-streams in (multipart bodies are spooled to disk as they arrive).
+Every response gets an `x-request-id` (the gateway's own) and an `x-gateway-overhead-ms`:
+time spent in the gateway before the response started, minus the time spent waiting on the
+upstream. Each request runs inside its log context (request id, later the tenant) and, when
+tracing is on, a SERVER span that continues the caller's `traceparent`; it ends with one
+`switchboard.access` log line (/health and /metrics are neither traced nor logged).
+
+Bodies announced as too large are refused with 413 before they are read. Adapter uploads have
+their own, larger limit, also enforced while the body streams in (multipart bodies are spooled
+to disk as they arrive).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 import uuid
 
+from opentelemetry.trace import Tracer
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import APIError, too_large
+from gateway.observability.logs import current_request, request_log
+from gateway.observability.tracing import REQUEST_ID
+from workers.telemetry import is_traced, serve_traced
+
+logger = logging.getLogger(__name__)
+access_log = logging.getLogger("switchboard.access")
 
 UPLOAD_SUFFIX = "/adapters/upload"  # admin and tenant adapter uploads
 
@@ -41,9 +54,12 @@ class GatewayMiddleware:
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["upstream_s"] = 0.0
+        status = 0
 
         async def send_with_headers(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
+                status = message["status"]
                 overhead_ms = (time.perf_counter() - started - state["upstream_s"]) * 1000
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id))
@@ -51,14 +67,61 @@ class GatewayMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        path: str = scope.get("path", "")
         limit = self.max_body_bytes
-        if scope.get("path", "").endswith(UPLOAD_SUFFIX):
+        if path.endswith(UPLOAD_SUFFIX):
             limit = self.max_upload_bytes
             receive = _limited(receive, limit)
-        if length and (not length.isdigit() or int(length) > limit):
-            await too_large(limit).response()(scope, receive, send_with_headers)
-            return
-        await self.app(scope, receive, send_with_headers)
+        traced = is_traced(path)
+
+        async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            error: BaseException | None = None
+            try:
+                if length and (not length.isdigit() or int(length) > limit):
+                    await too_large(limit).response()(scope, receive, send)
+                    return
+                await self.app(scope, receive, send)
+            except BaseException as exc:
+                error = exc
+                if isinstance(exc, Exception):  # the app answers 500; its ids are here only
+                    logger.exception("unhandled error on %s %s", scope.get("method"), path)
+                raise
+            finally:  # inside the request span, so the line carries its trace id
+                if traced:
+                    _log_request(scope, status, time.perf_counter() - started, error)
+
+        tracer = _tracer(scope) if traced else None
+        with request_log(state["request_id"]):
+            if tracer is None:
+                await serve(scope, receive, send_with_headers)
+            else:
+                await serve_traced(tracer, scope, receive, send_with_headers, serve,
+                                   attributes={REQUEST_ID: state["request_id"]})
+
+
+def _tracer(scope: Scope) -> Tracer | None:
+    """The app's tracer (None when tracing is off, or before startup)."""
+    gateway = getattr(scope["app"].state, "gateway", None)
+    return None if gateway is None else gateway.tracing.tracer
+
+
+def _log_request(scope: Scope, status: int, elapsed_s: float, error: BaseException | None
+                 ) -> None:
+    """One line per request (probes and scrapes aside), with what the request path noted:
+    model, deployment, outcome, tokens. The request and tenant ids come from the context.
+    An exception that escaped before any answer is a 500 (the app's handler answers it); a
+    client that left first is a 499."""
+    if not access_log.isEnabledFor(logging.INFO):
+        return
+    log = current_request()
+    fields = {} if log is None else log.fields
+    if error is not None and not status:
+        status = 499 if isinstance(error, asyncio.CancelledError) else 500
+        fields = {**fields, "error": type(error).__name__}
+    method, path = scope.get("method", ""), scope.get("path", "")
+    access_log.info("%s %s %d", method, path, status, extra={
+        "method": method, "path": path, "status": status,
+        "duration_ms": round(elapsed_s * 1000, 3), **fields})
 
 
 def _limited(receive: Receive, limit: int) -> Receive:

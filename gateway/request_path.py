@@ -9,12 +9,16 @@
     usage, meter it, and keep the answer in the cache.
 
 The reservation is settled exactly once per admitted request, whatever happens after it.
+With tracing on, each step is a span under the request's (`auth`, `route`, `prepare`,
+`limits`, `cache`, and a `dispatch` per deployment tried); the request's log context learns
+the tenant after `auth` and the outcome at settlement (docs/observability.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -31,6 +36,9 @@ from billing.pricing import charge
 from gateway.admission import admission_request, ratelimit_headers, refusal
 from gateway.deployments.base import Call, Deployment
 from gateway.errors import APIError, bad_request, too_large
+from gateway.observability import tracing as attr
+from gateway.observability.logs import bind_tenant, note
+from gateway.observability.tracing import Dispatches, annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import CONTEXT_CODE, AllAttemptsFailed, Served
 from gateway.routing.router import RoutePlan, plan_route
@@ -41,6 +49,7 @@ from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest
 
 T = TypeVar("T")
+prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 TIER_HEADER = "x-switchboard-tier"
 
@@ -49,31 +58,49 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     clock = Clock()
     gw: GatewayState = request.app.state.gateway
     scope_state = request.scope["state"]
-    key = await gw.keys.tenant(request.headers.get("authorization"))
+    tracing, span = gw.tracing, current_span()  # the request's span (GatewayMiddleware)
+    with tracing.span("auth"):
+        key = await gw.keys.tenant(request.headers.get("authorization"))
+    bind_tenant(key.tenant_id)
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_body(raw, chat=chat)
-    plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                            tier=_asked_tier(request), logprobs=body.wants_logprobs)
+    annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
+                    attr.STREAM: bool(body.stream)})
+    if gw.settings.log_prompts:
+        prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
+    with tracing.span("route"):
+        plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
+                                tier=_asked_tier(request), logprobs=body.wants_logprobs)
+    dispatches = tracing.dispatches()
 
     def prepare(deployment: Deployment) -> Call:
-        return deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
+        call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
                                   adapter=plan.adapter)
+        dispatches.prepared(call, deployment.name)
+        return call
 
-    order, call = first_that_fits(plan, prepare)
+    with tracing.span("prepare"):
+        order, call = first_that_fits(plan, prepare)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price)
-    decision = await gw.limiter.admit(admission)
+    with tracing.span("limits") as limits:
+        decision = await gw.limiter.admit(admission)
+        annotate(limits, {"switchboard.admitted": decision.admitted,
+                          "switchboard.refused_by": decision.reason})
     if not decision.admitted:
         gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
                            model=gw.metrics.model_label(order[0].config.model_name,
                                                         adapter=plan.adapter is not None))
         raise refusal(decision)
     headers = ratelimit_headers(decision)
-    ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock)
+    ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
+                    span=span, dispatches=dispatches)
     try:
-        use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
-        hit = None if use is None else await gw.cache.lookup(use)
+        with tracing.span("cache") as cache_span:
+            use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
+            hit = None if use is None else await gw.cache.lookup(use)
+            annotate(cache_span, {attr.CACHE_HIT: "none" if hit is None else hit.kind})
         if use is not None and use.lookup:
             gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
         if hit is not None:
@@ -101,6 +128,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         assert isinstance(served.result, bytes)
         ticket.close("ok")
         ticket.keep(use, served.result)
+        if gw.settings.log_prompts:
+            _log_completion(served.result)
         return Response(served.result, media_type="application/json", headers=headers)
     except AllAttemptsFailed as exc:
         ticket.close("error")
@@ -112,6 +141,22 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     except BaseException:
         ticket.close("error")
         raise
+
+
+def _prompt_of(body: OpenAIRequest) -> Any:
+    """What the caller asked, for `log_prompts` only: the messages or the prompt."""
+    return body.model_dump(mode="json", include={"messages", "prompt"})
+
+
+def _log_completion(raw: bytes | dict[str, Any]) -> None:
+    """The answer's text, for `log_prompts` only."""
+    try:
+        response = json.loads(raw) if isinstance(raw, bytes) else raw
+        choices = [c.get("message", {}).get("content") if "message" in c else c.get("text")
+                   for c in response.get("choices") or []]
+    except (ValueError, AttributeError):
+        return
+    prompt_log.info("completion", extra={"completion": choices})
 
 
 def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
@@ -258,9 +303,12 @@ class Ticket:
     cache_hit: str = "none"
     release: Callable[[], None] = field(default=lambda: None, repr=False)
     closed: bool = False
+    span: Span = field(default=INVALID_SPAN, repr=False)  # the request's
+    dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
 
     def attempt(self, call: Call) -> None:
         """A deployment is being tried with `call` (usage is counted on the latest)."""
+        self.dispatches.started(call)
         if call is not self.call:
             self.calls.append(self.call)
             self.call = call
@@ -310,8 +358,10 @@ class Ticket:
     async def relay(self, chunks: AsyncIterator[bytes], use: CacheUse | None
                     ) -> AsyncIterator[bytes]:
         status = "aborted"
+        store = use is not None and use.store
+        log_prompts = self.gw.settings.log_prompts
         assembler = StreamAssembler(chat=isinstance(self.call.request, ChatCompletionRequest)
-                                    ) if use is not None and use.store else None
+                                    ) if store or log_prompts else None
         try:
             async for chunk in chunks:
                 if assembler is not None:
@@ -327,7 +377,9 @@ class Ticket:
                 self.close(status)
         if assembler is not None and status == "ok":
             response = assembler.result()
-            if response is not None:
+            if response is not None and log_prompts:
+                _log_completion(response)
+            if response is not None and store:
                 self._keep_response(use, response)
 
     def keep(self, use: CacheUse | None, raw: bytes) -> None:
@@ -392,10 +444,28 @@ class Ticket:
             cached_tokens=cached, cost_micros=cost.total_micros,
             ttft_s=None if self.clock.first is None else self.clock.first - self.clock.start,
             total_s=now - self.clock.start, streamed=bool(self.call.request.stream))
+        self._report(status, prompt_tokens=billed_prompt, cached_tokens=cached,
+                     cost_micros=cost.total_micros)
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
         self._background(self.gw.limiter.settle(
             self.admission, tokens=billed_prompt + usage.completion_tokens,
             cost_micros=cost.total_micros))
+
+    def _report(self, status: str, *, prompt_tokens: int, cached_tokens: int,
+                cost_micros: int) -> None:
+        """The outcome on the request's span and its log line (ids and counts, no text)."""
+        self.dispatches.finish(status)
+        deployment = "" if self.cache_hit != "none" else self.deployment.name
+        completion_tokens = self.call.usage.completion_tokens
+        annotate(self.span, {
+            attr.STATUS: status, attr.DEPLOYMENT: deployment or None,
+            attr.CACHE_HIT: self.cache_hit, attr.ATTEMPTS: self.dispatches.attempts,
+            attr.INPUT_TOKENS: prompt_tokens, attr.OUTPUT_TOKENS: completion_tokens,
+            attr.CACHED_TOKENS: cached_tokens})
+        note(model=self.call.request.model, deployment=deployment, outcome=status,
+             cache=self.cache_hit, prompt_tokens=prompt_tokens,
+             completion_tokens=completion_tokens, cached_tokens=cached_tokens,
+             cost_micros=cost_micros, ttft_ms=self.clock.ms(self.clock.first))
 
     def _background(self, work: Awaitable[None]) -> None:
         task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -21,9 +22,12 @@ from gateway.budgets import BudgetReconciler, seed_budgets
 from gateway.deployments import DeploymentConfig, DeploymentRegistry
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
+from gateway.deployments.discovery import WorkerDiscovery
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
+from gateway.deployments.worker import WorkerDeployment
 from gateway.observability.metrics import GatewayMetrics
+from gateway.observability.tracing import Tracing
 from gateway.response_cache import ResponseCache
 from gateway.routing.breaker import BreakerSettings
 from gateway.routing.fallback import Fallbacks
@@ -32,6 +36,11 @@ from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import load_or_create_pepper
 from tenancy.limits import Limiter, make_limiter
 from workers.async_engine import AsyncLLMEngine
+
+if TYPE_CHECKING:  # gateway.console imports gateway.deps, which imports this module
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gateway.console.sessions import ConsoleSessions
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +61,17 @@ class GatewayState:
     cache: ResponseCache
     reconciler: BudgetReconciler
     metrics: GatewayMetrics
+    console_sessions: ConsoleSessions  # console sign-ins: in process, or Redis for replicas
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    tracing: Tracing = field(default_factory=Tracing.off)  # docs/observability.md
+    discovery: WorkerDiscovery | None = None  # workers that register in Redis
+
+    async def start_deployment(self, config: DeploymentConfig) -> Deployment:
+        """Build, start and price a deployment found at runtime (a discovered worker)."""
+        deployment = self.build_deployment(config)
+        await deployment.start()
+        await self.record_price(deployment)
+        return deployment
 
     async def record_price(self, deployment: Deployment) -> None:
         """Enter the deployment's price in the price book (a new version if it changed), so
@@ -66,6 +85,9 @@ class GatewayState:
 
     def build_deployment(self, config: DeploymentConfig,
                          engine: AsyncLLMEngine | None = None) -> Deployment:
+        if config.provider == "worker":
+            return WorkerDeployment(config, self.http, secret=self.settings.worker_secret,
+                                    stats_interval_s=self.settings.worker_stats_interval_s)
         if config.provider in HTTP_PROVIDERS:
             return HttpDeployment(config, self.http)
         if config.provider == "litellm":
@@ -89,8 +111,11 @@ class GatewayState:
         ))
 
 
-async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None) -> GatewayState:
-    """Connect, load deployments and start background tasks (the app's startup)."""
+async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None,
+                     tracer_provider: TracerProvider | None = None) -> GatewayState:
+    """Connect, load deployments and start background tasks (the app's startup).
+
+    `tracer_provider`: spans go there (tests); otherwise the settings make one."""
     db = make_engine(settings.database_url)
     sessionmaker = make_sessionmaker(db)
     pepper = load_or_create_pepper(secret_key=settings.secret_key,
@@ -103,6 +128,8 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         failure_threshold=settings.breaker_failure_threshold,
         window_s=settings.breaker_window_s, cooldown_s=settings.breaker_cooldown_s))
     metrics = GatewayMetrics(registry)
+    tracing = (Tracing.from_settings(settings) if tracer_provider is None
+               else Tracing(tracer_provider, owned=False))
     state = GatewayState(
         settings=settings, db=db, sessionmaker=sessionmaker, keys=keys, adapters=adapters,
         watcher=AuthWatcher([keys, adapters], sessionmaker,
@@ -118,17 +145,28 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         reconciler=BudgetReconciler(sessionmaker, limiter,
                                     interval_s=settings.budget_reconcile_interval_s),
         metrics=metrics,
+        tracing=tracing,
+        console_sessions=_console_sessions(settings),
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)
     configs, aliases = _configured(settings, engine)
-    for config in configs:
+    templates = [c for c in configs if c.discover]
+    for config in (c for c in configs if not c.discover):
         deployment = state.build_deployment(config, engine)
         await deployment.start()
         await state.record_price(deployment)
         state.deployments.add(deployment)
         logger.info("deployment %s serves model %s (%s, tier %s)", config.name,
                     config.model_name, config.provider, config.tier)
+    if templates:
+        if not settings.redis_url:
+            raise ValueError("worker discovery (a deployment with discover: true) needs "
+                             "SWITCHBOARD_REDIS_URL")
+        state.discovery = WorkerDiscovery(
+            templates, registry, redis_url=settings.redis_url,
+            interval_s=settings.worker_stats_interval_s, build=state.start_deployment)
+        await state.discovery.start()
     for alias in aliases:
         state.deployments.set_alias(alias)
     await state.watcher.start()
@@ -143,12 +181,16 @@ async def close_state(state: GatewayState) -> None:
     await state.watcher.stop()
     await state.reconciler.stop()
     await state.meter.stop()
+    if state.discovery is not None:
+        await state.discovery.stop()
     for deployment in state.deployments.deployments():
         await deployment.close()
     await state.http.close()
     await state.cache.close()
     await state.limiter.close()
+    await state.console_sessions.close()
     await state.db.dispose()
+    await state.tracing.shutdown()  # flushes the last spans
 
 
 def _configured(settings: Settings, engine: AsyncLLMEngine | None
@@ -178,6 +220,14 @@ def outbox_dir(settings: Settings) -> Path | None:
         return None
     url = make_url(settings.database_url).render_as_string(hide_password=True)
     return settings.usage_outbox_dir / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def _console_sessions(settings: Settings) -> ConsoleSessions:
+    from gateway.console.sessions import make_session_store
+
+    return make_session_store(
+        redis_url=settings.redis_url, ttl_s=settings.console_session_ttl_s,
+        max_sessions=settings.console_max_sessions, timeout_s=settings.redis_timeout_s)
 
 
 def _response_cache(settings: Settings) -> ResponseCache:

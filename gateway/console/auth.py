@@ -4,6 +4,9 @@ A request is signed in when its `sb_console` cookie names a live session AND the
 that opened it is still unrevoked (one primary-key read per request, so a revocation made
 on any replica ends the session at once). Every method but GET/HEAD/OPTIONS must also send
 the session's CSRF token, as the `x-csrf-token` header (htmx) or the `csrf_token` form field.
+
+Sessions live in this process, or in Redis when `SWITCHBOARD_REDIS_URL` is set, so a sign-in
+on one replica holds on every replica; when Redis does not answer, nobody is signed in.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from starlette.responses import Response
 
-from gateway.console.sessions import ConsoleSession, SessionStore
+from gateway.console.sessions import ConsoleSession, ConsoleSessions
 from gateway.deps import StateDep
 from tenancy import service
 
@@ -47,15 +50,10 @@ class SignedIn:
         return self.session.csrf_token
 
 
-def sessions(request: Request) -> SessionStore:
-    """This app's session store, made on first use (no work at import or app creation)."""
-    store: SessionStore | None = getattr(request.app.state, "console_sessions", None)
-    if store is None:
-        settings = request.app.state.gateway.settings
-        store = SessionStore(ttl_s=settings.console_session_ttl_s,
-                             max_sessions=settings.console_max_sessions)
-        request.app.state.console_sessions = store
-    return store
+def sessions(request: Request) -> ConsoleSessions:
+    """This app's session store (in process, or in Redis shared by every replica), built and
+    closed with the rest of the gateway's state."""
+    return request.app.state.gateway.console_sessions
 
 
 def is_https(request: Request) -> bool:
@@ -94,13 +92,13 @@ async def signed_in(request: Request, state: StateDep) -> SignedIn:
     """The dependency of every console route but sign-in."""
     store = sessions(request)
     session_id = request.cookies.get(COOKIE, "")
-    session = store.get(session_id)
+    session = await store.get(session_id)
     if session is None:
         raise LoginRequired
     async with state.sessionmaker() as db:
         admin = await service.load_admin_context(db, key_id=session.admin_key_id)
     if admin is None or admin.revoked:
-        store.end_admin(session.admin_key_id)
+        await store.end_admin(session.admin_key_id)
         raise LoginRequired
     if request.method not in SAFE_METHODS and not same_token(
             await sent_csrf_token(request), session.csrf_token):

@@ -85,6 +85,15 @@ class Deployment(ABC):
         return {}
 
     @property
+    def accepting(self) -> bool:
+        """Whether to send new requests here (a remote worker may be draining or gone)."""
+        return True
+
+    def load(self) -> float | None:
+        """The upstream's own report of its load (queue, KV use), where it gives one."""
+        return None
+
+    @property
     def serves_adapters(self) -> bool:
         """Whether this deployment can apply tenants' LoRA adapters (HTTP upstreams cannot)."""
         return False

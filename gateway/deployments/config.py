@@ -53,10 +53,17 @@ class DeploymentConfig(BaseModel):
     # Prefix-cache KV is private to each tenant unless an admin shares it on purpose (say, a
     # deployment whose public system prompt every tenant sends).
     shared_prefix_cache: bool = False
+    # A worker pool: every `switchboard worker` that registers in Redis serving this entry's
+    # upstream model becomes a deployment named `<name>@<worker id>`, priced as this one.
+    discover: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentConfig:
-        if self.provider in HTTP_PROVIDERS and not self.base_url:
+        if self.discover:
+            if self.provider != "worker" or self.base_url:
+                raise ValueError(f"deployment {self.name!r}: discover is for worker providers "
+                                 "without a base_url")
+        elif self.provider in HTTP_PROVIDERS and not self.base_url:
             raise ValueError(f"deployment {self.name!r}: a {self.provider} provider needs "
                              "base_url")
         if self.provider == "litellm" and not self.upstream_model:

@@ -24,6 +24,7 @@ from gateway.deployments.base import (
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import APIError
+from gateway.observability.tracing import inject_trace_headers
 from gateway.schemas.openai import OpenAIRequest
 
 PASSTHROUGH_STATUSES = (400, 413, 422)
@@ -121,9 +122,13 @@ class HttpDeployment(Deployment):
         finally:
             resp.close()
 
+    def upstream_fields(self, call: Call) -> dict[str, Any]:
+        """What this upstream is told besides the caller's fields: the model it serves."""
+        return {"model": self.config.upstream_model or self.config.model_name}
+
     def _body(self, call: Call, *, stream: bool) -> bytes:
         body: dict[str, Any] = call.request.upstream_body()
-        body["model"] = self.config.upstream_model or self.config.model_name
+        body.update(self.upstream_fields(call))
         body["stream"] = stream
         if stream:
             body["stream_options"] = {"include_usage": True}
@@ -133,6 +138,7 @@ class HttpDeployment(Deployment):
 
     def _post(self, body: bytes, chat: bool, request_id: str) -> Any:
         headers = {**self._headers, "x-request-id": request_id}
+        inject_trace_headers(headers)  # the dispatch span continues on the worker
         return self._pool.session.post(
             self._urls[chat], data=body, headers=headers, timeout=self._timeout
         )

@@ -53,6 +53,8 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
         h = health(d.name)
         if not capable(d, needs):
             incapable += 1
+        elif not d.accepting:
+            unhealthy += 1
         elif not h.breaker.available():
             unhealthy += 1
             snap = h.breaker.snapshot()
@@ -71,19 +73,24 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
 
 def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth],
              needs: Needs, rng: random.Random) -> list[Deployment]:
-    """Adapter residency, then price, then expected latency under load per unit of weight;
-    ties (e.g. nothing measured yet) are broken at random in proportion to weight."""
+    """Adapter residency, then price, then load, then expected latency under load per unit
+    of weight; ties (e.g. nothing measured yet) are broken at random in proportion to weight.
+
+    Load is what a worker reports (queued requests plus KV use, a second old at most) plus
+    this replica's own requests in flight there, which are always current."""
     measured = [h.latency_ewma_s for d in usable
                 if (h := health(d.name)).latency_ewma_s is not None]
     unknown = min(measured) if measured else 0.0  # untried deployments look as good as the best
 
-    def key(d: Deployment) -> tuple[int, object, float, float]:
+    def key(d: Deployment) -> tuple[int, object, float, float, float]:
         h = health(d.name)
         latency = h.latency_ewma_s if h.latency_ewma_s is not None else unknown
-        load = latency * (1 + h.in_flight) / d.config.weight
+        expected = latency * (1 + h.in_flight) / d.config.weight
+        reported = d.load()
+        pressure = 0.0 if reported is None else (reported + h.in_flight) / d.config.weight
         lottery = -rng.random() ** (1.0 / d.config.weight)  # weighted random order
         residency = _residency(d, needs.adapter) if needs.adapter is not None else 0
-        return residency, d.price.per_1m, round(load, 4), lottery
+        return residency, d.price.per_1m, round(pressure, 2), round(expected, 4), lottery
 
     return sorted(usable, key=key)
 

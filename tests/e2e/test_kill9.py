@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -27,15 +24,12 @@ from billing.models import UsageDaily
 from tenancy.db import make_engine
 from tenancy.models import UsageRecord
 from tests.dbutil import BACKENDS, migrated_database
+from tests.e2e.support import Gateway, gateway_env
 from tests.gateway.support import (
-    REPO,
-    SECRET,
     MockUpstream,
     Seeded,
-    free_port,
     mock_deployment,
     seed_tenant,
-    wait_http,
     write_deployments,
 )
 
@@ -45,45 +39,6 @@ SIGNAL_AFTER_S = 1.2  # mid-load
 RECORDS_TIMEOUT_S = 30.0
 # uvicorn re-raises SIGTERM once its graceful shutdown (lifespan included) is done.
 CLEAN_EXIT = (0, -signal.SIGTERM)
-
-
-class Gateway:
-    """`python -m gateway.cli serve` on a free port, its output in a log file."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
-        self.log = log
-        self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Gateway:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(self.port)],
-                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
-        wait_http(f"{self.url}/health", timeout_s=90, proc=self.proc)
-        return self
-
-    def signal(self, signum: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signum)
-
-    def wait(self, timeout_s: float = 60) -> int:
-        assert self.proc is not None
-        return self.proc.wait(timeout_s)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
 
 async def load(url: str, key: str, *, until: asyncio.Event) -> list[str]:
@@ -176,17 +131,10 @@ async def live(request: pytest.FixtureRequest, tmp_path: Path
         async with migrated_database(request.param, tmp_path) as db_url:
             tenant = await seed_tenant(db_url, tmp_path, name="loaded")
             outbox = tmp_path / "outbox"
-            env = {
-                **os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-                "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
-                "SWITCHBOARD_SECRET_FILE": str(tmp_path / "secret"),
-                "SWITCHBOARD_EMBEDDED_MODEL": "none", "SWITCHBOARD_LOG_LEVEL": "warning",
-                "SWITCHBOARD_USAGE_OUTBOX_DIR": str(outbox),
-                "SWITCHBOARD_USAGE_FLUSH_INTERVAL_S": "30",
-                "SWITCHBOARD_DEPLOYMENTS_FILE": str(write_deployments(
-                    tmp_path, [mock_deployment(upstream.base_url)])),
-            }
-            env.pop("SWITCHBOARD_REDIS_URL", None)
+            env = gateway_env(  # no Redis: the in-process limiter
+                db_url, tmp_path, usage_outbox_dir=outbox, usage_flush_interval_s=30,
+                deployments_file=write_deployments(
+                    tmp_path, [mock_deployment(upstream.base_url)]))
             engine = make_engine(db_url)
             try:
                 yield env, tenant, engine, outbox

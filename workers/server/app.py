@@ -6,6 +6,7 @@ front and prove themselves with the shared secret. Probes are open; all else nee
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,11 +19,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from workers.async_engine import AsyncLLMEngine
+from workers.client import PreparedCall
 from workers.server import adapters, completions
 from workers.server.auth import SharedSecretMiddleware
 from workers.server.http import error
 from workers.server.registration import Heartbeat
 from workers.server.state import WorkerOptions, WorkerState
+from workers.telemetry import TraceMiddleware, record_engine_spans
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,8 @@ __all__ = ["WorkerOptions", "create_app"]
 
 def create_app(engine: AsyncLLMEngine, options: WorkerOptions) -> Starlette:
     state = WorkerState(engine, options)
+    if options.tracer_provider is not None:
+        state.on_finish = functools.partial(_record_spans, options.tracer_provider)
     heartbeat = None if not options.redis_url else Heartbeat(
         options.redis_url, worker_id=options.worker_id, ttl_s=options.heartbeat_ttl_s,
         describe=state.describe)
@@ -49,6 +54,8 @@ def create_app(engine: AsyncLLMEngine, options: WorkerOptions) -> Starlette:
             if heartbeat is not None:
                 await heartbeat.stop()
             await engine.shutdown()
+            if options.tracer_provider is not None:
+                options.tracer_provider.shutdown()  # flushes batched spans
 
     app = Starlette(
         routes=[
@@ -65,11 +72,21 @@ def create_app(engine: AsyncLLMEngine, options: WorkerOptions) -> Starlette:
             Route("/v1/load_lora_adapter", adapters.load_adapter, methods=["POST"]),
             Route("/v1/unload_lora_adapter", adapters.unload_adapter, methods=["POST"]),
         ],
-        middleware=[Middleware(SharedSecretMiddleware, secret=options.secret)],
+        middleware=[Middleware(SharedSecretMiddleware, secret=options.secret),
+                    Middleware(TraceMiddleware, tracer_provider=options.tracer_provider)],
         lifespan=lifespan,
     )
     app.state.worker = state
     return app
+
+
+def _record_spans(provider: object, call: PreparedCall) -> None:
+    """The engine's queue, prefill and decode, under this request's server span."""
+    if call.metrics is not None:
+        record_engine_spans(provider, call.metrics,  # type: ignore[arg-type]
+                            prompt_tokens=call.usage.prompt_tokens,
+                            cached_tokens=call.usage.cached_tokens,
+                            completion_tokens=call.usage.completion_tokens)
 
 
 async def live(request: Request) -> Response:

@@ -15,6 +15,7 @@ from starlette.responses import RedirectResponse, Response
 from gateway.console import auth
 from gateway.console.render import page
 from gateway.console.routing import console_router, safe_next
+from gateway.console.sessions import SessionStoreUnavailable
 from gateway.deps import StateDep
 from gateway.errors import APIError
 from tenancy import service
@@ -24,6 +25,8 @@ LOGIN_TOKEN_MAX_AGE = 3600
 TENANT_KEY_MESSAGE = ("Tenant API keys cannot sign in to the console. "
                       "Sign in with an admin key (sk-sb-admin-…).")
 BAD_KEY_MESSAGE = "That admin key is not valid, or it has been revoked."
+UNAVAILABLE_MESSAGE = ("Signing in is unavailable right now (the session store did not "
+                       "answer). Please try again shortly.")
 
 
 @router.get("/")  # /console redirects here (trailing slash)
@@ -33,7 +36,7 @@ async def index() -> Response:
 
 @router.get("/login")
 async def login_form(request: Request, next: str | None = None) -> Response:
-    if auth.sessions(request).get(request.cookies.get(auth.COOKIE)) is not None:
+    if await auth.sessions(request).get(request.cookies.get(auth.COOKIE)) is not None:
         return RedirectResponse(safe_next(next), status_code=303)
     return _login_page(request, next=safe_next(next), error=None)
 
@@ -59,8 +62,11 @@ async def login(request: Request, state: StateDep) -> Response:
         current = await service.load_admin_context(db, key_id=admin.key_id)
     if current is None or current.revoked:
         return _login_page(request, next=target, status_code=401, error=BAD_KEY_MESSAGE)
-    session_id, _ = auth.sessions(request).create(admin_key_id=admin.key_id,
-                                                  admin_name=admin.name)
+    try:
+        session_id, _ = await auth.sessions(request).create(admin_key_id=admin.key_id,
+                                                            admin_name=admin.name)
+    except SessionStoreUnavailable:
+        return _login_page(request, next=target, status_code=503, error=UNAVAILABLE_MESSAGE)
     response = RedirectResponse(target, status_code=303)
     auth.set_cookie(response, request, auth.COOKIE, session_id, path=auth.PREFIX,
                     max_age=int(state.settings.console_session_ttl_s))
@@ -70,7 +76,7 @@ async def login(request: Request, state: StateDep) -> Response:
 
 @router.post("/logout")
 async def logout(request: Request, admin: auth.AdminSession) -> Response:
-    auth.sessions(request).delete(admin.session_id)
+    await auth.sessions(request).delete(admin.session_id)
     response = RedirectResponse(auth.LOGIN_PATH, status_code=303)
     auth.clear_cookie(response, request, auth.COOKIE, path=auth.PREFIX)
     return response

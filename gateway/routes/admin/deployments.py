@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.deployments import DeploymentConfig
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import Capabilities
+from gateway.deployments.worker import WorkerDeployment
 from gateway.deps import StateDep
 from gateway.errors import APIError, bad_request, conflict, not_found
 from gateway.state import GatewayState
@@ -52,6 +53,9 @@ async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str,
     if config.provider == "embedded":
         raise bad_request("Embedded engines start with the gateway; add worker, openai or "
                           "litellm deployments at runtime.", param="provider")
+    if config.discover:
+        raise bad_request("Discovered worker pools come from the deployments file; add one "
+                          "worker here by its base_url.", param="discover")
     _check_url(config)
     if state.deployments.get(config.name) is not None:
         raise conflict(f"A deployment named '{config.name}' already exists.")
@@ -85,6 +89,8 @@ async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
         new.price = old.price  # as the provider's price list gave it at start
     await state.record_price(new)
     state.deployments.replace(old, new)
+    if config.provider != "embedded":
+        await old.close()  # its background work (a worker's stats poll) ends here
     return describe(state, new)
 
 
@@ -97,6 +103,24 @@ async def remove_deployment(name: str, state: StateDep) -> dict[str, Any]:
     state.deployments.remove(name)
     await deployment.close()
     return info
+
+
+class DrainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    drain: bool = True  # false: take requests again
+
+
+@router.post("/{name}/drain")
+async def drain_deployment(name: str, state: StateDep, body: DrainRequest | None = None
+                           ) -> dict[str, Any]:
+    """A worker finishes what it runs and takes nothing new, from any gateway (the worker
+    itself refuses); ready to stop or upgrade once `in_flight` is 0."""
+    deployment = _find(state, name)
+    if not isinstance(deployment, WorkerDeployment):
+        raise bad_request("Only worker deployments can be drained.")
+    await deployment.set_draining((body or DrainRequest()).drain)
+    return describe(state, deployment)
 
 
 @router.post("/{name}/breaker/reset")
@@ -115,6 +139,7 @@ def describe(state: GatewayState, deployment: Deployment) -> dict[str, Any]:
                   "cached_input_per_1m": str(price.cached_per_1m), "source": price.source,
                   "price_id": price.price_id},
         "health": state.deployments.health(deployment.name).public(),
+        "load": deployment.stats(),
     }
 
 

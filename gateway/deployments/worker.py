@@ -1,0 +1,225 @@
+"""A remote `switchboard worker`: the HTTP path, plus what only our own workers offer.
+
+Compared with a plain OpenAI-compatible upstream, a worker
+- reports its load (`/stats`: queue, running, KV use, resident adapters), polled here in the
+  background so routing picks the least loaded worker and the one holding an adapter;
+- can be drained (it then answers 503 `worker_draining` and is skipped until it resumes);
+- serves tenants' LoRA adapters, loaded hot over its API from the adapter's path (storage
+  the gateways and workers share) and tagged with the adapter id, so a re-created adapter of
+  the same name replaces the old one on the worker instead of reusing it;
+- keeps each tenant's prefix cache apart: the tenant id travels as `cache_salt`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from pydantic import SecretStr
+
+from gateway.deployments.base import AdapterRef, Call, UpstreamFailure, estimated_call
+from gateway.deployments.config import DeploymentConfig
+from gateway.deployments.http import HttpDeployment
+from gateway.deployments.http_pool import HttpPool
+from gateway.errors import unavailable
+from gateway.schemas.openai import OpenAIRequest
+from workers.engine.sampling_params import InvalidRequestError
+from workers.lora.manager import AdapterBusyError
+
+logger = logging.getLogger(__name__)
+ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=30)
+STATS_TIMEOUT = aiohttp.ClientTimeout(total=2)
+
+
+class WorkerDeployment(HttpDeployment):
+    def __init__(self, config: DeploymentConfig, pool: HttpPool, *, secret: str = "",
+                 stats_interval_s: float = 1.0) -> None:
+        if not config.api_key and not config.api_key_env and secret:
+            config = config.model_copy(update={"api_key": SecretStr(secret)})
+        super().__init__(config, pool)
+        self.root = (config.base_url or "").rstrip("/").removesuffix("/v1")
+        self.stats_interval_s = stats_interval_s
+        self.status: dict[str, Any] = {}  # the latest /stats answer
+        self.reachable = False
+        self.polled_at: float | None = None
+        self._registered: dict[str, str] = {}  # engine name -> adapter id this gateway loaded
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.poll()
+        self._poller = asyncio.create_task(self._poll_forever(), name=f"stats-{self.name}")
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    # ---- load and health ------------------------------------------------------------------
+
+    async def poll(self) -> None:
+        try:
+            async with self._pool.session.get(f"{self.root}/stats", headers=self._headers,
+                                              timeout=STATS_TIMEOUT) as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
+                self.status = await resp.json()
+            self.reachable = True
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            if self.reachable:
+                logger.warning("worker %s stopped answering /stats: %s", self.name, exc)
+            self.reachable = False
+        self.polled_at = time.monotonic()
+        if self.reachable:  # a restarted worker has forgotten its adapters: load them again
+            reported = self.status.get("adapters") or {}
+            for name in [n for n in self._registered if n not in reported]:
+                self._registered.pop(name, None)
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.stats_interval_s)
+            await self.poll()
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new requests should go here: it answers and is neither loading nor draining."""
+        return self.reachable and bool(self.status.get("ready"))
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.status.get("draining"))
+
+    def stats(self) -> dict[str, float]:
+        engine = self.status.get("stats") or {}
+        return {"reachable": float(self.reachable), "accepting": float(self.accepting),
+                "num_waiting": float(engine.get("num_waiting", 0)),
+                "num_running": float(engine.get("num_running", 0)),
+                "kv_cache_usage": float(engine.get("kv_cache_usage", 0.0)),
+                "in_flight": float(self.status.get("in_flight", 0))}
+
+    def load(self) -> float:
+        """Queued requests plus KV pressure, as last reported (routing adds its own in-flight)."""
+        engine = self.status.get("stats") or {}
+        return float(engine.get("num_waiting", 0)) + float(engine.get("kv_cache_usage", 0.0))
+
+    async def set_draining(self, on: bool) -> None:
+        await self._admin("POST", "/admin/drain", {"drain": on})
+        await self.poll()
+
+    # ---- adapters -------------------------------------------------------------------------
+
+    @property
+    def serves_adapters(self) -> bool:
+        return bool(self.status.get("serves_adapters"))
+
+    def adapter_residency(self, engine_name: str) -> str | None:
+        info = (self.status.get("adapters") or {}).get(engine_name)
+        if info is None:
+            return None
+        registered = self._registered.get(engine_name)
+        if registered is not None and info.get("adapter_id") not in (None, registered):
+            return None  # an older registration of the name: not the adapter asked for
+        return info.get("tier")
+
+    async def adapter_tiers(self) -> dict[str, str]:
+        data = await self._admin("GET", "/v1/lora_adapters")
+        return {a["lora_name"]: a["tier"] for a in data.get("data", [])}
+
+    async def load_adapter(self, adapter: AdapterRef, *, force: bool = False) -> None:
+        name = adapter.engine_name
+        if not force and self._registered.get(name) == adapter.adapter_id:
+            return
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            if not force and self._registered.get(name) == adapter.adapter_id:
+                return
+            await self._admin("POST", "/v1/load_lora_adapter", {
+                "lora_name": name, "lora_path": adapter.path,
+                "adapter_id": adapter.adapter_id, "pinned": adapter.pinned})
+            self._registered[name] = adapter.adapter_id
+            # Routing sees it now rather than at the next poll (which then gives the tier).
+            self.status.setdefault("adapters", {})[name] = {
+                "tier": "cpu", "adapter_id": adapter.adapter_id}
+
+    async def unload_adapter(self, engine_name: str, *, wait_s: float = 0.0) -> None:
+        async with self._locks.setdefault(engine_name, asyncio.Lock()):
+            try:
+                await self._admin("POST", "/v1/unload_lora_adapter",
+                                  {"lora_name": engine_name, "wait_s": wait_s})
+            except UpstreamFailure as exc:  # a worker that is gone holds nothing
+                logger.warning("worker %s unreachable while unloading %s: %s", self.name,
+                               engine_name, exc.message)
+            self._registered.pop(engine_name, None)
+            (self.status.get("adapters") or {}).pop(engine_name, None)
+
+    async def _admin(self, method: str, path: str, body: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
+        try:
+            async with self._pool.session.request(
+                method, f"{self.root}{path}", headers=self._headers, timeout=ADMIN_TIMEOUT,
+                data=None if body is None else json.dumps(body),
+            ) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except (TimeoutError, aiohttp.ClientError):
+            raise UpstreamFailure(502, f"worker {self.name} is unreachable",
+                                  code="upstream_unreachable") from None
+        try:
+            data = json.loads(raw) if raw else {}
+        except ValueError:
+            data = {}
+        error = data.get("error") if isinstance(data, dict) else None
+        message = (error or {}).get("message") or f"worker answered HTTP {status}"
+        if status == 404 and path.endswith("unload_lora_adapter"):
+            return {}  # not loaded there: nothing to do
+        if status == 409:
+            raise AdapterBusyError(message)
+        if 400 <= status < 500:
+            raise InvalidRequestError(message, code=(error or {}).get("code"))
+        if status >= 300:
+            raise UpstreamFailure(502, f"worker {self.name} answered HTTP {status}")
+        return data
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                adapter: AdapterRef | None = None) -> Call:
+        call = estimated_call(self.config, request, chat=chat, adapter=None)
+        call.adapter = adapter
+        call.native = None if self.config.shared_prefix_cache else tenant_id  # the cache salt
+        return call
+
+    def upstream_fields(self, call: Call) -> dict[str, Any]:
+        fields: dict[str, Any] = {"response_model": call.request.model}
+        if call.adapter is not None:
+            fields["model"] = call.adapter.engine_name
+        else:
+            fields["model"] = self.config.upstream_model or self.config.model_name
+        if call.native is not None:
+            fields["cache_salt"] = call.native
+        return fields
+
+    async def complete(self, call: Call, *, request_id: str) -> bytes:
+        await self._ensure_adapter(call)
+        return await super().complete(call, request_id=request_id)
+
+    async def open_stream(self, call: Call, *, request_id: str):  # type: ignore[override]
+        await self._ensure_adapter(call)
+        return await super().open_stream(call, request_id=request_id)
+
+    async def _ensure_adapter(self, call: Call) -> None:
+        if call.adapter is None:
+            return
+        try:
+            await self.load_adapter(call.adapter)
+        except (InvalidRequestError, AdapterBusyError) as exc:
+            logger.error("adapter %s could not be loaded on worker %s: %s",
+                         call.adapter.engine_name, self.name, exc)
+            raise unavailable(f"The model '{call.request.model}' could not be loaded; "
+                              "retry later.", code="adapter_unavailable") from None
