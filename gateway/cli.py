@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import sys
 
 from gateway.commands import tenancy as tenancy_commands
@@ -85,7 +86,11 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--register-redis", default=None, metavar="URL",
                         help="announce this worker in Redis with heartbeats (gateway discovery)")
     worker.add_argument("--advertise-url", default=None,
-                        help="the URL gateways reach this worker at (default: http://host:port)")
+                        help="the URL gateways reach this worker at (default: http(s)://host:port)")
+    worker.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate")
+    worker.add_argument("--ssl-keyfile", default=None)
+    worker.add_argument("--ssl-ca-certs", default=None,
+                        help="require client certificates signed by this CA (mutual TLS)")
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -101,7 +106,8 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
     )
-    advertise = args.advertise_url or f"http://{args.host}:{args.port}"
+    scheme = "https" if args.ssl_certfile else "http"
+    advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"
     options = WorkerOptions(
         model_name=args.served_model_name, secret=settings.worker_secret,
         worker_id=args.worker_id or f"{args.host}:{args.port}", advertise_url=advertise,
@@ -110,8 +116,13 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
             service_name=_worker_service_name(settings), exporter=settings.otel_exporter,
             endpoint=settings.otel_endpoint, sample_ratio=settings.otel_sample_ratio),
     )
+    tls: dict[str, object] = {}
+    if args.ssl_certfile:
+        tls = {"ssl_certfile": args.ssl_certfile, "ssl_keyfile": args.ssl_keyfile}
+        if args.ssl_ca_certs:
+            tls |= {"ssl_ca_certs": args.ssl_ca_certs, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     uvicorn.run(create_app(engine, options), host=args.host, port=args.port,
-                log_level=settings.log_level, access_log=False, log_config=None)
+                log_level=settings.log_level, access_log=False, log_config=None, **tls)
     return 0
 
 

@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     # become deployments of the matching `provider: worker` entry with `discover: true`.
     worker_heartbeat_ttl_s: float = 6.0  # a worker unseen this long is dropped
     worker_stats_interval_s: float = 1.0  # how often the gateway polls each worker's /stats
+    # Mutual TLS to workers started with --ssl-certfile/--ssl-ca-certs: the CA that signed
+    # their certificates, and this gateway's client certificate and key.
+    worker_tls_ca_file: Path | None = None
+    worker_tls_cert_file: Path | None = None
+    worker_tls_key_file: Path | None = None
     # GET /metrics: when set, scrapers send `Authorization: Bearer <token>`. Empty: open to
     # anyone who can reach it, so then keep /metrics reachable only from inside the network.
     metrics_token: str = ""

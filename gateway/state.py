@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import ssl
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,7 +26,7 @@ from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities
 from gateway.deployments.discovery import WorkerDiscovery
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
-from gateway.deployments.worker import WorkerDeployment
+from gateway.deployments.worker import WorkerDeployment, client_tls
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import Tracing
 from gateway.response_cache import ResponseCache
@@ -65,6 +66,7 @@ class GatewayState:
     background: set[asyncio.Task[None]] = field(default_factory=set)
     tracing: Tracing = field(default_factory=Tracing.off)  # docs/observability.md
     discovery: WorkerDiscovery | None = None  # workers that register in Redis
+    worker_tls: ssl.SSLContext | None = None  # mutual TLS to workers, when configured
 
     async def start_deployment(self, config: DeploymentConfig) -> Deployment:
         """Build, start and price a deployment found at runtime (a discovered worker)."""
@@ -87,7 +89,8 @@ class GatewayState:
                          engine: AsyncLLMEngine | None = None) -> Deployment:
         if config.provider == "worker":
             return WorkerDeployment(config, self.http, secret=self.settings.worker_secret,
-                                    stats_interval_s=self.settings.worker_stats_interval_s)
+                                    stats_interval_s=self.settings.worker_stats_interval_s,
+                                    tls=self.worker_tls)
         if config.provider in HTTP_PROVIDERS:
             return HttpDeployment(config, self.http)
         if config.provider == "litellm":
@@ -147,6 +150,9 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         metrics=metrics,
         tracing=tracing,
         console_sessions=_console_sessions(settings),
+        worker_tls=client_tls(ca_file=settings.worker_tls_ca_file,
+                              cert_file=settings.worker_tls_cert_file,
+                              key_file=settings.worker_tls_key_file),
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)

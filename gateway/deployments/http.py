@@ -8,6 +8,7 @@ the real token count can be reconciled, and dropped again if the caller did not 
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,6 +32,8 @@ PASSTHROUGH_STATUSES = (400, 413, 422)
 
 
 class HttpDeployment(Deployment):
+    tls: ssl.SSLContext | bool = True  # True: verify against the system's CAs
+
     def __init__(self, config: DeploymentConfig, pool: HttpPool) -> None:
         super().__init__(config)
         self._pool = pool
@@ -140,7 +143,7 @@ class HttpDeployment(Deployment):
         headers = {**self._headers, "x-request-id": request_id}
         inject_trace_headers(headers)  # the dispatch span continues on the worker
         return self._pool.session.post(
-            self._urls[chat], data=body, headers=headers, timeout=self._timeout
+            self._urls[chat], data=body, headers=headers, timeout=self._timeout, ssl=self.tls
         )
 
 

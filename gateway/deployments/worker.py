@@ -16,7 +16,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -36,14 +38,27 @@ ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=30)
 STATS_TIMEOUT = aiohttp.ClientTimeout(total=2)
 
 
+def client_tls(*, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
+               ) -> ssl.SSLContext | None:
+    """The gateway's side of mutual TLS with workers; None when none is configured."""
+    if ca_file is None and cert_file is None:
+        return None
+    context = ssl.create_default_context(cafile=None if ca_file is None else str(ca_file))
+    if cert_file is not None:
+        context.load_cert_chain(str(cert_file), None if key_file is None else str(key_file))
+    return context
+
+
 class WorkerDeployment(HttpDeployment):
     def __init__(self, config: DeploymentConfig, pool: HttpPool, *, secret: str = "",
-                 stats_interval_s: float = 1.0) -> None:
+                 stats_interval_s: float = 1.0, tls: ssl.SSLContext | None = None) -> None:
         if not config.api_key and not config.api_key_env and secret:
             config = config.model_copy(update={"api_key": SecretStr(secret)})
         super().__init__(config, pool)
         self.root = (config.base_url or "").rstrip("/").removesuffix("/v1")
         self.stats_interval_s = stats_interval_s
+        if tls is not None:
+            self.tls = tls
         self.status: dict[str, Any] = {}  # the latest /stats answer
         self.reachable = False
         self.polled_at: float | None = None
@@ -67,7 +82,7 @@ class WorkerDeployment(HttpDeployment):
     async def poll(self) -> None:
         try:
             async with self._pool.session.get(f"{self.root}/stats", headers=self._headers,
-                                              timeout=STATS_TIMEOUT) as resp:
+                                              timeout=STATS_TIMEOUT, ssl=self.tls) as resp:
                 if resp.status != 200:
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
                 self.status = await resp.json()
@@ -163,7 +178,7 @@ class WorkerDeployment(HttpDeployment):
         try:
             async with self._pool.session.request(
                 method, f"{self.root}{path}", headers=self._headers, timeout=ADMIN_TIMEOUT,
-                data=None if body is None else json.dumps(body),
+                data=None if body is None else json.dumps(body), ssl=self.tls,
             ) as resp:
                 raw = await resp.read()
                 status = resp.status

@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -377,3 +378,74 @@ async def test_one_trace_spans_gateway_and_a_statically_configured_worker(
     assert phases["decode"]["attributes"]["gen_ai.usage.output_tokens"] == 6
     assert phases["queue"]["end_time"] <= phases["prefill"]["start_time"] or \
         phases["queue"]["end_time"] == phases["prefill"]["start_time"]
+
+
+def make_certificates(folder: Path) -> dict[str, Path]:
+    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "1", "-subj", "/CN=switchboard-test-ca")
+    for name, usage in (("server", "serverAuth"), ("client", "clientAuth")):
+        (folder / f"{name}.ext").write_text(
+            f"subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")
+    return {n: folder / n for n in ("ca.pem", "server.pem", "server.key", "client.pem",
+                                     "client.key")}
+
+
+async def test_mutual_tls_between_gateway_and_worker(tmp_path, tiny_llama_path):
+    certs = make_certificates(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "worker", "--model", str(tiny_llama_path),
+         "--served-model-name", "tiny-tls", "--port", str(port), "--kv-cache-memory",
+         str(16 << 20), "--ssl-certfile", str(certs["server.pem"]), "--ssl-keyfile",
+         str(certs["server.key"]), "--ssl-ca-certs", str(certs["ca.pem"])],
+        cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1", "SWITCHBOARD_WORKER_SECRET": SECRET,
+                       "SWITCHBOARD_LOG_LEVEL": "warning"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"https://127.0.0.1:{port}"
+    client_ctx = ssl.create_default_context(cafile=str(certs["ca.pem"]))
+    client_ctx.load_cert_chain(str(certs["client.pem"]), str(certs["client.key"]))
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "worker did not start"
+            try:
+                if httpx.get(f"{url}/health/ready", verify=client_ctx).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        # No client certificate: the handshake itself fails, whatever the secret.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{url}/health/live",
+                      verify=ssl.create_default_context(cafile=str(certs["ca.pem"])))
+        routing = tmp_path / "routing.yaml"
+        routing.write_text(yaml.safe_dump({"deployments": [{
+            "name": "tls", "model_name": "tiny", "provider": "worker",
+            "upstream_model": "tiny-tls", "base_url": f"{url}/v1"}]}))
+        async with migrated_database("sqlite", tmp_path) as db_url:
+            tenant = await seed_tenant(db_url, tmp_path, name="tls-tenant")
+            for with_cert in (True, False):
+                extra = dict(worker_tls_ca_file=certs["ca.pem"])
+                if with_cert:
+                    extra |= dict(worker_tls_cert_file=certs["client.pem"],
+                                  worker_tls_key_file=certs["client.key"])
+                cfg = settings(db_url, tmp_path, deployments_file=routing,
+                               worker_secret=SECRET, **extra)
+                async with in_process(create_app(cfg)) as client:
+                    r = await client.post("/v1/chat/completions", headers={
+                        **bearer(tenant.key), "x-switchboard-cache": "off"},
+                        json=chat_body(3))
+                if with_cert:
+                    assert r.status_code == 200, r.text
+                    assert r.json()["usage"]["completion_tokens"] == 3
+                else:
+                    assert r.status_code in (502, 503), r.text
+    finally:
+        stop([Worker("tls", url, proc)])
