@@ -49,8 +49,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+BOOTSTRAP_LOCK_KEY = 0x5357_4254  # "SWBT": PostgreSQL advisory lock for the first admin key
+
+
 async def _bootstrap_admin_key(settings: Settings) -> str | None:
     """The first start creates one admin key; later starts create none."""
+    from sqlalchemy import text
+
     from tenancy import service
     from tenancy.db import make_engine, make_sessionmaker
     from tenancy.keys import load_or_create_pepper
@@ -58,6 +63,11 @@ async def _bootstrap_admin_key(settings: Settings) -> str | None:
     engine = make_engine(settings.database_url)
     try:
         async with make_sessionmaker(engine)() as session:
+            if engine.dialect.name == "postgresql":
+                # Replicas starting together on a new database: one creates the key, the
+                # others wait here and then find it (the lock ends with the transaction).
+                await session.execute(text("SELECT pg_advisory_xact_lock(:key)"),
+                                      {"key": BOOTSTRAP_LOCK_KEY})
             if await service.count_admin_keys(session) > 0:
                 return None
             pepper = load_or_create_pepper(secret_key=settings.secret_key,
