@@ -48,7 +48,7 @@ TENANT_ROUTES = {
     ("POST", "/v1/adapters/{name}/load"), ("POST", "/v1/adapters/{name}/unload"),
     ("DELETE", "/v1/adapters/{name}"),
 }
-PUBLIC_ROUTES = {("GET", "/health")}
+PUBLIC_ROUTES = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/health/ready")}
 
 
 @dataclass
