@@ -19,6 +19,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing.models import UsageDaily
 from billing.money import usd
 
+
+async def one_snapshot(session: AsyncSession) -> None:
+    """Make the session's next reads one consistent view: a page or report built from several
+    summaries must not mix a usage batch half seen (PostgreSQL reads each statement afresh
+    under READ COMMITTED; SQLite's transaction is one snapshot already). Call it first."""
+    if session.bind.dialect.name == "postgresql":
+        await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+
 # Grouping dimensions, by the name callers use.
 DIMENSIONS: dict[str, Any] = {
     "day": UsageDaily.day,

@@ -36,6 +36,7 @@ async def own_usage_summary(
     """Sums from the daily aggregates over whole UTC days covering [since, until), grouped by
     day, model, tier or adapter; `models` keeps the per-model list."""
     first, last = reports.day_bounds(since, until)
+    await reports.one_snapshot(session)
     report = await reports.summarize(session, tenant_id=key.tenant_id, since=first,
                                      until=last, group_by=reports.parse_group_by(group_by))
     by_model = report if report.group_by == ("model",) else await reports.summarize(

@@ -79,6 +79,7 @@ class UsageFilter:
 async def usage_page(request: Request, admin: AdminSession, session: SessionDep) -> Response:
     f = UsageFilter.of(request)
     scope = {"since": f.first, "until": f.until}
+    await reports.one_snapshot(session)
     by_day = await reports.summarize(session, tenant_id=f.tenant_id, model=f.model,
                                      tier=f.tier, group_by=("day",), **scope)
     by_tenant = await reports.summarize(session, tenant_id=f.tenant_id, model=f.model,
