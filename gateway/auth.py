@@ -10,8 +10,6 @@ Unknown key ids are cached too (bounded), so random keys cannot hammer the datab
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Sequence
@@ -25,6 +23,7 @@ from gateway.lookup import LookupCache
 from tenancy import service
 from tenancy.context import AdminContext, KeyContext
 from tenancy.keys import parse_key, verify_secret
+from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T", KeyContext, AdminContext)
@@ -107,19 +106,17 @@ class AuthWatcher:
         self._caches = tuple(caches)
         self.version: int | None = None
         self._sessionmaker = sessionmaker
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        # Keep serving from the cache when the database does not answer (availability);
+        # revocations then wait for it.
+        self._loop = Periodic(self.check, interval_s=interval_s, name="auth-watcher",
+                              survive=(SQLAlchemyError, OSError))
 
     async def start(self) -> None:
         await self.check()
-        self._task = asyncio.create_task(self._run(), name="auth-watcher")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
 
     async def check(self) -> None:
         async with self._sessionmaker() as session:
@@ -135,12 +132,3 @@ class AuthWatcher:
             await self.check()
         except (SQLAlchemyError, OSError) as exc:  # committed anyway; the next poll applies it
             logger.warning("auth version check failed: %s", type(exc).__name__)
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check()
-            except (SQLAlchemyError, OSError) as exc:
-                # Keep serving from the cache (availability); revocations wait for the database.
-                logger.warning("auth version check failed: %s", type(exc).__name__)

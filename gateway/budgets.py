@@ -4,8 +4,6 @@ lost increments (a Redis restart, a fail-open spell) catches up with what was bi
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -17,6 +15,7 @@ from billing.ledger import spent_by_tenant
 from gateway.admission import period_start, tenant_budget
 from tenancy import service
 from tenancy.limits import Budget, Limiter
+from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -64,24 +63,14 @@ class BudgetReconciler:
                  interval_s: float) -> None:
         self._sessionmaker = sessionmaker
         self._limiter = limiter
-        self._interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(self.reconcile, interval_s=interval_s, name="budget-reconciler",
+                              survive=(SQLAlchemyError, OSError))
+
+    async def reconcile(self) -> int:
+        return await reconcile_budgets(self._sessionmaker, self._limiter)
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="budget-reconciler")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await reconcile_budgets(self._sessionmaker, self._limiter)
-            except (SQLAlchemyError, OSError) as exc:
-                logger.warning("budget reconciliation failed (%s); will retry",
-                               type(exc).__name__)
+        await self._loop.stop()

@@ -9,8 +9,6 @@ running on it finish or fail over as with any deployment.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +20,7 @@ from redis.exceptions import RedisError
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.registry import DeploymentRegistry
+from workers.periodic import Periodic
 from workers.server.registration import WORKERS_SET, worker_key
 
 logger = logging.getLogger(__name__)
@@ -44,20 +43,16 @@ class WorkerDiscovery:
         self.interval_s = interval_s
         self._build = build  # builds, starts and prices a deployment
         self._redis: aioredis.Redis | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(self.sync, interval_s=interval_s, name="worker-discovery")
         self.found: dict[str, str] = {}  # deployment name -> the worker URL it was built for
 
     async def start(self) -> None:
         self._redis = aioredis.from_url(self.redis_url, socket_timeout=2.0)
         await self.sync()
-        self._task = asyncio.create_task(self._run(), name="worker-discovery")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
         if self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -111,8 +106,3 @@ class WorkerDiscovery:
         if gone:
             await self._redis.srem(WORKERS_SET, *gone)
         return entries
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.sync()

@@ -13,7 +13,6 @@ Compared with a plain OpenAI-compatible upstream, a worker
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
@@ -32,6 +31,7 @@ from gateway.errors import unavailable
 from gateway.schemas.openai import OpenAIRequest
 from workers.engine.sampling_params import InvalidRequestError
 from workers.lora.manager import AdapterBusyError
+from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -64,18 +64,15 @@ class WorkerDeployment(HttpDeployment):
         self.polled_at: float | None = None
         self._registered: dict[str, str] = {}  # engine name -> adapter id this gateway loaded
         self._locks: dict[str, asyncio.Lock] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._poller = Periodic(self.poll, interval_s=stats_interval_s,
+                                name=f"stats-{config.name}")
 
     async def start(self) -> None:
         await self.poll()
-        self._poller = asyncio.create_task(self._poll_forever(), name=f"stats-{self.name}")
+        self._poller.start()
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+        await self._poller.stop()
 
     # ---- load and health ------------------------------------------------------------------
 
@@ -96,11 +93,6 @@ class WorkerDeployment(HttpDeployment):
             reported = self.status.get("adapters") or {}
             for name in [n for n in self._registered if n not in reported]:
                 self._registered.pop(name, None)
-
-    async def _poll_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.stats_interval_s)
-            await self.poll()
 
     @property
     def accepting(self) -> bool:

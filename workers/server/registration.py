@@ -7,8 +7,6 @@ and gateways drop it once the key expires; a clean stop deletes it at once.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -17,6 +15,8 @@ from typing import Any
 
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
+
+from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +38,18 @@ class Heartbeat:
         self.ttl_s = ttl_s
         self._describe = describe
         self._redis: aioredis.Redis | None = None
-        self._task: asyncio.Task[None] | None = None
+        # A failed beat keeps the worker serving: gateways with a static config still reach
+        # it, and the next beat re-registers it once Redis answers again.
+        self._loop = Periodic(self.beat, interval_s=ttl_s / 3, name="worker-heartbeat",
+                              survive=(RedisError, OSError))
 
     async def start(self) -> None:
         self._redis = aioredis.from_url(self.redis_url, socket_timeout=max(self.ttl_s / 3, 0.5))
         await self.beat()  # a worker that cannot register says so at start, not silently
-        self._task = asyncio.create_task(self._run(), name="worker-heartbeat")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._loop.stop()
         if self._redis is not None:
             try:
                 await self._redis.delete(worker_key(self.worker_id))
@@ -67,13 +66,3 @@ class Heartbeat:
             pipe.set(worker_key(self.worker_id), json.dumps(entry), px=int(self.ttl_s * 1000))
             pipe.sadd(WORKERS_SET, self.worker_id)
             await pipe.execute()
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl_s / 3)
-            try:
-                await self.beat()
-            except (RedisError, OSError) as exc:
-                # Keep serving: gateways with a static config still reach this worker, and
-                # the next beat re-registers it once Redis answers again.
-                logger.warning("worker heartbeat failed: %s", exc)

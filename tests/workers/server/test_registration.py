@@ -52,7 +52,7 @@ async def test_a_worker_that_stops_beating_expires():
     heartbeat = Heartbeat(REDIS, worker_id=worker_id, ttl_s=0.5, describe=describe)
     try:
         await heartbeat.start()
-        heartbeat._task.cancel()  # the process froze: no more beats, no clean stop
+        await heartbeat._loop.stop()  # the process froze: no more beats, no clean stop
         await asyncio.sleep(0.8)
         assert await redis.get(worker_key(worker_id)) is None
     finally:

@@ -1,0 +1,60 @@
+"""One background loop shape for every "refresh every N seconds" task in the system.
+
+Auth-version polls, budget reconciliation, worker heartbeats, worker discovery and each
+gateway's poll of a worker's load all run a step on an interval, survive the expected errors
+of that step (a database or Redis that does not answer this round) and stop on cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+logger = logging.getLogger(__name__)
+
+
+class Periodic:
+    """Awaits `step()` every `interval_s` after `start()` until `stop()`.
+
+    Errors of the types in `survive` are logged (by type only: messages may name hosts or
+    credentials) and the loop goes on; anything else ends the task, so a bug is not hidden."""
+
+    def __init__(self, step: Callable[[], Awaitable[object]], *, interval_s: float, name: str,
+                 survive: tuple[type[BaseException], ...] = ()) -> None:
+        self.interval_s = interval_s
+        self.name = name
+        self._step = step
+        self._survive = survive
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        if task.done():  # it died of an unexpected error: say so, but let shutdown go on
+            if not task.cancelled() and task.exception() is not None:
+                logger.error("%s had stopped on an error", self.name,
+                             exc_info=task.exception())
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._step()
+            except self._survive as exc:
+                logger.warning("%s failed (%s); retrying in %gs", self.name,
+                               type(exc).__name__, self.interval_s)
