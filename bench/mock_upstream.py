@@ -183,6 +183,12 @@ class MockUpstream:
         self._ids = itertools.count(1)
         self.mode = MockMode()
 
+    def reset(self) -> None:
+        """Healthy again, with fresh counters: what each test starts from."""
+        self.mode = MockMode()
+        self.stats = MockStats()
+        self.last_request = None
+
     # -- dispatch
 
     def handle(self, req: MockRequest) -> MockResponse:

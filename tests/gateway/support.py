@@ -7,8 +7,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ import httpx
 import yaml
 from fastapi import FastAPI
 
+from bench.mock_upstream import MockServerThread
 from gateway.app import create_app
 from gateway.settings import Settings
 from tenancy import service
@@ -178,3 +179,14 @@ def wait_http(url: str, *, timeout_s: float = 120, proc: subprocess.Popen | None
             pass
         time.sleep(0.1)
     raise TimeoutError(f"{url} did not come up in {timeout_s}s")
+
+
+@contextmanager
+def mock_servers(*names: str) -> Iterator[dict[str, MockServerThread]]:
+    """In-process mock upstreams by name, for a module's tests; reset them per test."""
+    servers = {name: MockServerThread().start() for name in names}
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()

@@ -17,11 +17,19 @@ import yaml
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.mock_upstream import MockMode, MockServerThread, MockStats
+from bench.mock_upstream import MockMode, MockServerThread
 from gateway.app import create_app
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.observability.metrics import OTHER, GatewayMetrics
-from tests.gateway.support import Seeded, bearer, in_process, ok, seed_tenant, settings
+from tests.gateway.support import (
+    Seeded,
+    bearer,
+    in_process,
+    mock_servers,
+    ok,
+    seed_tenant,
+    settings,
+)
 
 MODEL = "chat"
 PROMPT = "What is the capital of Atlantis?"
@@ -46,17 +54,14 @@ def labels(**values: str) -> tuple[tuple[str, str], ...]:
 
 @pytest.fixture(scope="module")
 def mocks() -> Iterator[dict[str, MockServerThread]]:
-    servers = {name: MockServerThread().start() for name in ("a", "b")}
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with mock_servers("a", "b") as servers:
+        yield servers
 
 
 @pytest.fixture(autouse=True)
 def healthy_mocks(mocks) -> None:
     for server in mocks.values():
-        server.mock.mode = MockMode()
-        server.mock.stats = MockStats()
+        server.mock.reset()
 
 
 @dataclass

@@ -17,13 +17,14 @@ import openai
 import pytest
 import yaml
 
-from bench.mock_upstream import MockMode, MockServerThread, MockStats
+from bench.mock_upstream import MockMode, MockServerThread
 from gateway.app import create_app
 from tests.gateway.support import (
     admin_key,
     assert_error,
     bearer,
     in_process,
+    mock_servers,
     ok,
     seed_tenant,
     settings,
@@ -35,17 +36,14 @@ COOLDOWN_S = 3.0  # long enough that a loaded machine never sees it lapse by acc
 
 @pytest.fixture(scope="module")
 def mocks() -> Iterator[dict[str, MockServerThread]]:
-    servers = {name: MockServerThread().start() for name in ("a", "b", "big", "eco", "prem")}
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with mock_servers("a", "b", "big", "eco", "prem") as servers:
+        yield servers
 
 
 @pytest.fixture(autouse=True)
 def healthy_mocks(mocks) -> None:
     for server in mocks.values():
-        server.mock.mode = MockMode()
-        server.mock.stats = MockStats()
+        server.mock.reset()
 
 
 def upstream(name: str, mock: MockServerThread, *, price: str, **more: Any) -> dict[str, Any]:

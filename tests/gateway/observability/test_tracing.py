@@ -21,9 +21,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from bench.mock_upstream import MockMode, MockServerThread, MockStats
+from bench.mock_upstream import MockMode, MockServerThread
 from gateway.app import create_app
-from tests.gateway.support import Seeded, bearer, in_process, ok, seed_tenant, settings
+from tests.gateway.support import (
+    Seeded,
+    bearer,
+    in_process,
+    mock_servers,
+    ok,
+    seed_tenant,
+    settings,
+)
 from workers.telemetry import make_tracer_provider
 
 MODEL = "chat"
@@ -35,18 +43,14 @@ STEPS = ("auth", "route", "prepare", "limits", "cache")
 
 @pytest.fixture(scope="module")
 def mocks() -> Iterator[dict[str, MockServerThread]]:
-    servers = {name: MockServerThread().start() for name in ("a", "b")}
-    yield servers
-    for server in servers.values():
-        server.stop()
+    with mock_servers("a", "b") as servers:
+        yield servers
 
 
 @pytest.fixture(autouse=True)
 def healthy_mocks(mocks) -> None:
     for server in mocks.values():
-        server.mock.mode = MockMode()
-        server.mock.stats = MockStats()
-        server.mock.last_request = None
+        server.mock.reset()
 
 
 @dataclass
