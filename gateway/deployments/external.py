@@ -15,6 +15,7 @@ client sees carries the key or the base URL.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -224,7 +225,10 @@ class LiteLLMDeployment(Deployment):
 
     def _kwargs(self, call: Call, *, stream: bool, request_id: str) -> dict[str, Any]:
         allowed = CHAT_FIELDS if call.chat else TEXT_FIELDS
-        kwargs = {k: v for k, v in call.request.upstream_body().items() if k in allowed}
+        # A deep copy: litellm may edit messages in place, and the body is shared with the
+        # cache key and any later attempt.
+        body = copy.deepcopy(call.request.upstream_body())
+        kwargs = {k: v for k, v in body.items() if k in allowed}
         kwargs.update(
             model=self.config.upstream_model, stream=stream, timeout=self.config.timeout_s,
             num_retries=0, max_retries=0, extra_headers={"x-request-id": request_id},

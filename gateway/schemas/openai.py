@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)]
@@ -51,14 +51,20 @@ class _Sampling(_Strict):
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
     ignore_eos: bool | None = None
+    _dumped: dict[str, Any] | None = PrivateAttr(default=None)
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
     def upstream_body(self) -> dict[str, Any]:
-        """What is sent on: only known fields, only those the caller set."""
-        return self.model_dump(exclude_none=True)
+        """What is sent on: only known fields, only those the caller set.
+
+        Dumped once per request (the cache key and the deployment both need it); each caller
+        gets its own top-level dict to add upstream fields to, and must not edit nested ones."""
+        if self._dumped is None:
+            self._dumped = self.model_dump(exclude_none=True)
+        return dict(self._dumped)
 
 
 class ChatCompletionRequest(_Sampling):
