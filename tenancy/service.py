@@ -8,13 +8,12 @@ version drop their key caches as soon as the change is visible.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 from math import isfinite
 from typing import Any, Final, Literal
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -30,7 +29,6 @@ from tenancy.models import (
     AuthState,
     Plan,
     Tenant,
-    UsageRecord,
     utcnow,
 )
 
@@ -78,18 +76,6 @@ class NotFoundError(ServiceError):
 
 class InvalidError(ServiceError, ValueError):
     """A value is out of range or not one of the allowed choices. HTTP 400."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelUsage:
-    """Usage of one model by one tenant over a period; money in integer micro-USD."""
-
-    model: str
-    requests: int
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    cost_micros: int
 
 
 # --- auth version -------------------------------------------------------------------------
@@ -556,66 +542,6 @@ async def load_admin_context(session: AsyncSession, *, key_id: str) -> AdminCont
 
 
 # --- usage --------------------------------------------------------------------------------
-
-
-async def record_usage(session: AsyncSession, *, records: list[dict[str, Any]]) -> None:
-    """Insert finished requests in one batch (columns of `UsageRecord`; defaults fill gaps).
-
-    `cache_hit` ("none", "exact" or "semantic") says how the answer was served.
-    """
-    if not records:
-        return
-    await session.execute(insert(UsageRecord), records)
-    await session.commit()
-
-
-async def usage_summary(
-    session: AsyncSession,
-    *,
-    tenant_id: str,
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> list[ModelUsage]:
-    """Per-model sums of a tenant's usage in [since, until), by model name."""
-    query = (
-        select(
-            UsageRecord.model,
-            func.count(),
-            func.coalesce(func.sum(UsageRecord.prompt_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.completion_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.cached_tokens), 0),
-            func.coalesce(func.sum(UsageRecord.cost_micros), 0),
-        )
-        .where(UsageRecord.tenant_id == tenant_id)
-        .group_by(UsageRecord.model)
-        .order_by(UsageRecord.model)
-    )
-    if since is not None:
-        query = query.where(UsageRecord.created_at >= since)
-    if until is not None:
-        query = query.where(UsageRecord.created_at < until)
-    rows = await session.execute(query)
-    return [
-        ModelUsage(
-            model=model,
-            requests=int(requests),
-            prompt_tokens=int(prompt),
-            completion_tokens=int(completion),
-            cached_tokens=int(cached),
-            cost_micros=int(cost),
-        )
-        for model, requests, prompt, completion, cached, cost in rows
-    ]
-
-
-async def spent_by_tenant(session: AsyncSession, *, since: datetime) -> dict[str, int]:
-    """Every tenant's recorded spend since `since`, in one grouped query (startup seeding)."""
-    rows = await session.execute(
-        select(UsageRecord.tenant_id, func.coalesce(func.sum(UsageRecord.cost_micros), 0))
-        .where(UsageRecord.created_at >= since)
-        .group_by(UsageRecord.tenant_id)
-    )
-    return {tenant_id: int(total) for tenant_id, total in rows}
 
 
 async def budgeted_tenants(session: AsyncSession) -> list[tuple[str, int, str]]:

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
@@ -322,67 +322,42 @@ async def test_timestamps_are_aware_utc(session: AsyncSession, pepper: bytes) ->
     assert abs((datetime.now(UTC) - stored.created_at).total_seconds()) < 60
 
 
-async def test_usage_records_and_summaries(session: AsyncSession) -> None:
+async def insert_records(session: AsyncSession, records: list[dict[str, object]]) -> None:
+    await session.execute(insert(UsageRecord), records)
+    await session.commit()
+
+
+async def test_usage_records_hold_64_bit_costs_and_tz_aware_times(session: AsyncSession) -> None:
     a = await make_tenant(session, "a")
     b = await make_tenant(session, "b")
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
 
-    def rec(tenant: str, model: str, hours: int, cost: int, **extra: object) -> dict[str, object]:
-        return {
-            "request_id": f"req-{tenant}-{model}-{hours}",
-            "tenant_id": tenant,
-            "key_id": "abcdefgh1234",
-            "model": model,
-            "deployment": "embedded",
-            "prompt_tokens": 10,
-            "completion_tokens": 5,
-            "cached_tokens": 2,
-            "cost_micros": cost,
-            "status": "ok",
-            "created_at": t0 + timedelta(hours=hours),
-            **extra,
-        }
+    def rec(tenant: str, model: str, hours: int, cost: int) -> dict[str, object]:
+        return {"request_id": f"req-{tenant}-{model}-{hours}", "tenant_id": tenant,
+                "key_id": "abcdefgh1234", "model": model, "deployment": "embedded",
+                "prompt_tokens": 10, "completion_tokens": 5, "cached_tokens": 2,
+                "cost_micros": cost, "status": "ok", "created_at": t0 + timedelta(hours=hours)}
 
     big = 5_000_000_000  # > 2**31 micro-USD: needs 64-bit columns
-    await service.record_usage(
-        session,
-        records=[
-            rec(a.id, "m1", 0, 100),
-            rec(a.id, "m1", 1, 200),
-            rec(a.id, "m2", 2, big),
-            rec(b.id, "m1", 1, 999),
-        ],
-    )
-    await service.record_usage(session, records=[])
-
-    summary = await service.usage_summary(session, tenant_id=a.id)
-    assert [(u.model, u.requests, u.cost_micros) for u in summary] == [
-        ("m1", 2, 300),
-        ("m2", 1, big),
-    ]
-    assert summary[0].prompt_tokens == 20 and summary[0].completion_tokens == 10
-    assert summary[0].cached_tokens == 4
-
-    window = await service.usage_summary(
-        session, tenant_id=a.id, since=t0 + timedelta(hours=1), until=t0 + timedelta(hours=2)
-    )
-    assert [(u.model, u.requests, u.cost_micros) for u in window] == [("m1", 1, 200)]
-
-    spent = await service.spent_by_tenant(session, since=t0)
-    assert spent == {a.id: 300 + big, b.id: 999}  # tenants without usage are absent
-    later = await service.spent_by_tenant(session, since=t0 + timedelta(hours=1))
-    assert later[a.id] == 200 + big
-    assert await service.usage_summary(session, tenant_id="nobody") == []
+    await insert_records(session, [rec(a.id, "m1", 0, 100), rec(a.id, "m1", 1, 200),
+                                   rec(a.id, "m2", 2, big), rec(b.id, "m1", 1, 999)])
+    rows = await session.execute(
+        select(UsageRecord.model, func.count(), func.sum(UsageRecord.cost_micros))
+        .where(UsageRecord.tenant_id == a.id).group_by(UsageRecord.model)
+        .order_by(UsageRecord.model))
+    assert [tuple(r) for r in rows] == [("m1", 2, 300), ("m2", 1, big)]
+    latest = await session.scalar(select(func.max(UsageRecord.created_at)))
+    assert latest == t0 + timedelta(hours=2) and latest.utcoffset() == timedelta(0)
 
 
 async def test_usage_defaults_fill_missing_columns(session: AsyncSession) -> None:
-    before = datetime.now(UTC) - timedelta(seconds=5)
-    await service.record_usage(
-        session,
-        records=[{"request_id": "r1", "tenant_id": "t", "key_id": None, "model": "m"}],
-    )
-    (only,) = await service.usage_summary(session, tenant_id="t", since=before)
-    assert (only.requests, only.prompt_tokens, only.cost_micros) == (1, 0, 0)
+    await insert_records(session, [{"request_id": "r1", "tenant_id": "t", "key_id": None,
+                                    "model": "m"}])
+    only = await session.scalar(select(UsageRecord).where(UsageRecord.request_id == "r1"))
+    assert only is not None
+    assert (only.prompt_tokens, only.cost_micros, only.status, only.cache_hit) == (
+        0, 0, "ok", "none")
+    assert abs((datetime.now(UTC) - only.created_at).total_seconds()) < 60
 
 
 # --- response-cache settings --------------------------------------------------------------
@@ -499,7 +474,7 @@ async def test_cache_mode_check_constraint(session: AsyncSession) -> None:
 
 async def test_usage_records_carry_the_cache_hit_kind(session: AsyncSession) -> None:
     base = {"tenant_id": "t", "key_id": None, "model": "m"}
-    await service.record_usage(session, records=[
+    await insert_records(session, [
         {**base, "request_id": "miss"},  # no cache_hit key: the default fills it
         {**base, "request_id": "exact", "cache_hit": "exact", "cost_micros": 0},
         {**base, "request_id": "semantic", "cache_hit": "semantic"},
