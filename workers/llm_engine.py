@@ -393,6 +393,8 @@ class LLMEngine:
         metrics = request.metrics
         if metrics.first_token_time is None:
             metrics.first_token_time = now
+        if metrics.last_token_time != now:  # the first of this step's tokens for the request
+            metrics.num_token_steps += 1
         metrics.last_token_time = now
         metrics.num_generation_tokens += 1
         if sample.logprobs is not None and logprob is not None:

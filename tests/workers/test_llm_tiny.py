@@ -105,3 +105,15 @@ def test_eos_stops_generation_like_hf(tmp_path, tokenizer, reference):
         assert out.finish_reason == ("stop" if out.token_ids[-1] == eos else "length")
     ignored = llm.generate(prompts[:1], greedy())[0]
     assert ignored.token_ids == expected_free[0]
+
+
+def test_tpot_counts_positions_not_tokens_over_n_samples(tiny_llama_path):
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20)
+    params = SamplingParams(temperature=0.8, seed=3, n=3, max_tokens=8, ignore_eos=True)
+    single = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True)
+    many, one = llm.generate([[5, 6, 7, 8]], params)[0], llm.generate([[5, 6, 7, 8]], single)[0]
+    assert [len(c.token_ids) for c in many.outputs] == [8, 8, 8]
+    assert many.metrics.num_generation_tokens == 24 and many.metrics.num_token_steps == 8
+    assert one.metrics.num_generation_tokens == 8 and one.metrics.num_token_steps == 8
+    span = many.metrics.last_token_time - many.metrics.first_token_time
+    assert many.metrics.tpot == pytest.approx(span / 7)

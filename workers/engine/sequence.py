@@ -34,7 +34,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_prompt_tokens: int = 0
-    num_generation_tokens: int = 0
+    num_generation_tokens: int = 0  # over all `n` samples
+    num_token_steps: int = 0  # steps that gave this request tokens: one per position for any n
     num_preemptions: int = 0
 
     @property
@@ -51,11 +52,13 @@ class RequestMetrics:
 
     @property
     def tpot(self) -> float | None:
-        """Mean time per output token after the first."""
-        if self.num_generation_tokens < 2 or self.first_token_time is None:
+        """Mean time per output token after the first, as a stream sees it: with `n > 1` the
+        samples advance together, so the gap between positions counts, not tokens over all
+        samples (which would make TPOT look `n` times better)."""
+        if self.num_token_steps < 2 or self.first_token_time is None:
             return None
         assert self.last_token_time is not None
-        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
+        return (self.last_token_time - self.first_token_time) / (self.num_token_steps - 1)
 
     @property
     def e2e_latency(self) -> float | None:
