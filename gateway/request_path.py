@@ -40,7 +40,7 @@ from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import Dispatches, annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
-from gateway.routing.fallback import CONTEXT_CODE, AllAttemptsFailed, Served
+from gateway.routing.fallback import AllAttemptsFailed, Served, TooLong
 from gateway.routing.router import RoutePlan, plan_route
 from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from gateway.sse import DONE, StreamAssembler, replay
@@ -175,20 +175,16 @@ def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
 
     A prompt too long for one deployment moves on to the next with a larger window; when none
     holds it, the client gets the first deployment's 400."""
-    first_error: APIError | None = None
-    too_small = 0
+    too_long = TooLong()
     for index, deployment in enumerate(plan.order):
-        if deployment.config.context_window <= too_small:
+        if too_long.skips(deployment):
             continue
         try:
             return plan.order[index:], prepare(deployment)
         except APIError as exc:
-            if exc.code != CONTEXT_CODE:
-                raise
-            first_error = first_error or exc
-            too_small = max(too_small, deployment.config.context_window)
-    assert first_error is not None
-    raise first_error
+            too_long.refused(deployment, exc)
+    assert too_long.first is not None
+    raise too_long.first
 
 
 def _asked_tier(request: Request) -> str | None:

@@ -62,6 +62,16 @@ class Call:
     adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
 
+    def take_usage(self, usage: Any) -> None:
+        """Adopt an upstream's OpenAI `usage` object (ignored when it is not one)."""
+        if not isinstance(usage, dict):
+            return
+        self.usage.prompt_tokens = int(usage.get("prompt_tokens") or self.usage.prompt_tokens)
+        self.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        if isinstance(details, dict):
+            self.usage.cached_tokens = int(details.get("cached_tokens") or 0)
+
 
 class Deployment(ABC):
     def __init__(self, config: DeploymentConfig) -> None:

@@ -40,7 +40,6 @@ class WorkerDiscovery:
         self.templates = list(templates)
         self.registry = registry
         self.redis_url = redis_url
-        self.interval_s = interval_s
         self._build = build  # builds, starts and prices a deployment
         self._redis: aioredis.Redis | None = None
         self._loop = Periodic(self.sync, interval_s=interval_s, name="worker-discovery")

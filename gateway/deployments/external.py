@@ -149,7 +149,7 @@ class LiteLLMDeployment(Deployment):
             call.upstream_s += time.perf_counter() - started
         data = _dump(response)
         data["model"] = call.request.model  # the name the client asked for
-        _set_usage(call, data.get("usage"))
+        call.take_usage(data.get("usage"))
         call.usage.finished = True
         return _encode(_tidy(data))
 
@@ -193,7 +193,7 @@ class LiteLLMDeployment(Deployment):
                 if _finishes(data) and _upstream_finished(stream) is False:
                     break  # litellm's own "stop" for a stream the provider never finished
                 if usage:
-                    _set_usage(call, usage)
+                    call.take_usage(usage)
                     saw_usage = True
                     if not any(_says_something(c) for c in data.get("choices") or []):
                         data["choices"] = []  # OpenAI's usage-only chunk
@@ -472,13 +472,3 @@ def _tidy(data: dict[str, Any]) -> dict[str, Any]:
                 for key in [k for k, v in inner.items() if v is None and k not in keep]:
                     del inner[key]
     return data
-
-
-def _set_usage(call: Call, usage: Any) -> None:
-    if not isinstance(usage, dict):
-        return
-    call.usage.prompt_tokens = int(usage.get("prompt_tokens") or call.usage.prompt_tokens)
-    call.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    if isinstance(details, dict):
-        call.usage.cached_tokens = int(details.get("cached_tokens") or 0)

@@ -64,7 +64,7 @@ class HttpDeployment(Deployment):
             usage = json.loads(raw).get("usage") or {}
         except (ValueError, AttributeError):
             raise UpstreamFailure(502, "upstream sent an invalid JSON response") from None
-        _set_usage(call, usage)
+        call.take_usage(usage)
         call.usage.finished = True
         return raw
 
@@ -103,7 +103,7 @@ class HttpDeployment(Deployment):
                 event = []
                 if b'"usage":{' in data:
                     usage, has_choices = _usage_of(data)
-                    _set_usage(call, usage)
+                    call.take_usage(usage)
                     saw_usage = True
                     if not want_usage and not has_choices:
                         continue
@@ -199,13 +199,3 @@ def _usage_of(data: bytes) -> tuple[dict[str, Any], bool]:
     except ValueError:
         return {}, True
     return (obj.get("usage") or {}), bool(obj.get("choices"))
-
-
-def _set_usage(call: Call, usage: dict[str, Any]) -> None:
-    if not isinstance(usage, dict):
-        return
-    call.usage.prompt_tokens = int(usage.get("prompt_tokens") or call.usage.prompt_tokens)
-    call.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    if isinstance(details, dict):
-        call.usage.cached_tokens = int(details.get("cached_tokens") or 0)

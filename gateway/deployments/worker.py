@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +55,10 @@ class WorkerDeployment(HttpDeployment):
             config = config.model_copy(update={"api_key": SecretStr(secret)})
         super().__init__(config, pool)
         self.root = (config.base_url or "").rstrip("/").removesuffix("/v1")
-        self.stats_interval_s = stats_interval_s
         if tls is not None:
             self.tls = tls
         self.status: dict[str, Any] = {}  # the latest /stats answer
         self.reachable = False
-        self.polled_at: float | None = None
         self._registered: dict[str, str] = {}  # engine name -> adapter id this gateway loaded
         self._locks: dict[str, asyncio.Lock] = {}
         self._poller = Periodic(self.poll, interval_s=stats_interval_s,
@@ -88,7 +85,6 @@ class WorkerDeployment(HttpDeployment):
             if self.reachable:
                 logger.warning("worker %s stopped answering /stats: %s", self.name, exc)
             self.reachable = False
-        self.polled_at = time.monotonic()
         if self.reachable:  # a restarted worker has forgotten its adapters: load them again
             reported = self.status.get("adapters") or {}
             for name in [n for n in self._registered if n not in reported]:
@@ -158,15 +154,17 @@ class WorkerDeployment(HttpDeployment):
         async with self._locks.setdefault(engine_name, asyncio.Lock()):
             try:
                 await self._admin("POST", "/v1/unload_lora_adapter",
-                                  {"lora_name": engine_name, "wait_s": wait_s})
+                                  {"lora_name": engine_name, "wait_s": wait_s},
+                                  missing_ok=True)  # not loaded there: nothing to do
             except UpstreamFailure as exc:  # a worker that is gone holds nothing
                 logger.warning("worker %s unreachable while unloading %s: %s", self.name,
                                engine_name, exc.message)
             self._registered.pop(engine_name, None)
             (self.status.get("adapters") or {}).pop(engine_name, None)
 
-    async def _admin(self, method: str, path: str, body: dict[str, Any] | None = None
-                     ) -> dict[str, Any]:
+    async def _admin(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                     missing_ok: bool = False) -> dict[str, Any]:
+        """A call on the worker's own API, its errors mapped to the engine's exceptions."""
         try:
             async with self._pool.session.request(
                 method, f"{self.root}{path}", headers=self._headers, timeout=ADMIN_TIMEOUT,
@@ -183,8 +181,8 @@ class WorkerDeployment(HttpDeployment):
             data = {}
         error = data.get("error") if isinstance(data, dict) else None
         message = (error or {}).get("message") or f"worker answered HTTP {status}"
-        if status == 404 and path.endswith("unload_lora_adapter"):
-            return {}  # not loaded there: nothing to do
+        if status == 404 and missing_ok:
+            return {}
         if status == 409:
             raise AdapterBusyError(message)
         if 400 <= status < 500:

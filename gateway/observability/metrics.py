@@ -186,7 +186,7 @@ class DeploymentCollector(Collector):
                 family = engine.get(metric_name)
                 if family is None:
                     family = engine[metric_name] = GaugeMetricFamily(
-                        metric_name, f"Engine figure {key!r} of embedded deployments.",
+                        metric_name, f"Figure {key!r} of an engine or a polled worker.",
                         labels=["deployment"])
                 family.add_metric([name], float(value))
         yield breaker

@@ -59,12 +59,11 @@ class Fallbacks:
         deadline = time.monotonic() + self.budget_s
         attempts = 0
         last: UpstreamFailure | None = None
-        context_error: APIError | None = None
-        too_small = 0  # a deployment whose window this prompt overflowed
+        too_long = TooLong()
         for index, deployment in enumerate(order):
             if attempts >= self.max_attempts or time.monotonic() >= deadline:
                 break
-            if deployment.config.context_window <= too_small:
+            if too_long.skips(deployment):
                 continue
             health = self.registry.health(deployment.name)
             if not health.breaker.try_acquire():
@@ -73,8 +72,7 @@ class Fallbacks:
                 call = first_call if index == 0 else prepare(deployment)
             except APIError as exc:
                 health.breaker.release()
-                context_error = _too_long(exc, context_error)
-                too_small = max(too_small, deployment.config.context_window)
+                too_long.refused(deployment, exc)
                 continue
             if on_call is not None:
                 on_call(call)
@@ -101,8 +99,7 @@ class Fallbacks:
                 health.in_flight -= 1
                 health.breaker.release()
                 self._observe(deployment, exc.code or "client_error")
-                context_error = _too_long(exc, context_error)
-                too_small = max(too_small, deployment.config.context_window)
+                too_long.refused(deployment, exc)
                 continue
             except BaseException:  # cancelled (the client left) or a bug: no verdict
                 health.in_flight -= 1
@@ -112,8 +109,8 @@ class Fallbacks:
             health.succeeded(time.monotonic() - started)
             self._observe(deployment, None)
             return Served(deployment, call, result, attempts, release=_once(health))
-        if last is None and context_error is not None:
-            raise context_error
+        if last is None and too_long.first is not None:
+            raise too_long.first
         raise AllAttemptsFailed(last or UpstreamFailure(
             503, "no deployment could take the request; retry later",
             code="no_healthy_deployment"), attempts)
@@ -123,12 +120,23 @@ class Fallbacks:
             self.metrics.attempt(deployment.name, error_code)
 
 
-def _too_long(exc: APIError, first: APIError | None) -> APIError:
-    """The first context-window refusal (the others are tried on larger windows); any other
-    client error goes to the client at once."""
-    if exc.code != CONTEXT_CODE:
-        raise exc
-    return first or exc
+@dataclass
+class TooLong:
+    """Deployments whose context window a prompt overflowed: any no larger is skipped, and
+    the first refusal is what the client gets if no window holds it. Any other client error
+    goes to the client at once."""
+
+    first: APIError | None = None
+    window: int = 0  # the largest window refused so far
+
+    def skips(self, deployment: Deployment) -> bool:
+        return deployment.config.context_window <= self.window
+
+    def refused(self, deployment: Deployment, exc: APIError) -> None:
+        if exc.code != CONTEXT_CODE:
+            raise exc
+        self.first = self.first or exc
+        self.window = max(self.window, deployment.config.context_window)
 
 
 async def _attempt(deployment: Deployment, call: Call, *, stream: bool, request_id: str

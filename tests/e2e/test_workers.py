@@ -316,9 +316,14 @@ async def test_metrics_on_both_sides_parse_and_count_the_traffic(fleet):
                 if s.name == "switchboard_worker_requests_running":
                     assert s.value >= 0
     assert sum(samples.values()) == 3
-    gateway = (await fleet.client.get("/metrics")).text
-    names = {s.name for f in text_string_to_metric_families(gateway) for s in f.samples}
-    assert any(n.startswith("switchboard_requests") for n in names), sorted(names)[:20]
+    gateway = [s for f in text_string_to_metric_families(
+        (await fleet.client.get("/metrics")).text) for s in f.samples]
+    assert sum(s.value for s in gateway if s.name == "switchboard_requests_total"
+               and s.labels["status"] == "ok") == 3
+    # Each worker's polled load is on the gateway's scrape too, one series per deployment.
+    accepting = {s.labels["deployment"]: s.value for s in gateway
+                 if s.name == "switchboard_engine_accepting"}
+    assert accepting == {fleet.deployment(w): 1.0 for w in fleet.workers.values()}
 
 
 def console_spans(text: str) -> list[dict]:
