@@ -117,3 +117,14 @@ def test_tpot_counts_positions_not_tokens_over_n_samples(tiny_llama_path):
     assert one.metrics.num_generation_tokens == 8 and one.metrics.num_token_steps == 8
     span = many.metrics.last_token_time - many.metrics.first_token_time
     assert many.metrics.tpot == pytest.approx(span / 7)
+
+
+def test_triton_decode_kernel_matches_hf(tiny_llama_path, reference):
+    """The Triton decode kernel (interpreted on CPU) through the whole engine, with a budget
+    small enough that decodes and prefill chunks share steps."""
+    prompts, expected = reference
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
+              attention_backend="triton")
+    assert llm.engine.runner.attention_backend == "triton"
+    outputs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outputs] == expected

@@ -3,9 +3,10 @@
 The pool of a layer is `[num_blocks * block_size, num_kv_heads, head_dim]`; a token's slot is
 `block_table[pos // block_size] * block_size + pos % block_size`.
 
-- Decode rows (one query token each) come first in the batch. They are served in groups of
-  similar context length, so little padding is read: each group gathers whole blocks of its
-  sequences into one padded tensor and makes one SDPA call.
+- Decode rows (one query token each) come first in the batch. The torch backend serves them
+  in groups of similar context length, so little padding is read: each group gathers whole
+  blocks of its sequences into one padded tensor and makes one SDPA call. The triton backend
+  (`triton_decode`) serves them all with one kernel that reads the pool in place.
 - A prefill chunk that starts at position 0 attends only to its own fresh K/V: causal SDPA,
   nothing read from the pool. A later chunk gathers its context and uses an explicit mask.
 
@@ -32,6 +33,15 @@ class DecodeGroup:
 
 
 @dataclass
+class DecodeBatch:
+    """All decode rows [0, num_rows) for the in-place kernel: int32 tables and lengths."""
+
+    num_rows: int
+    block_tables: torch.Tensor  # [num_rows, max_blocks], padded with block 0
+    seq_lens: torch.Tensor  # [num_rows], context including the new token
+
+
+@dataclass
 class PrefillChunk:
     """A run of query rows of one sequence: rows [q_start, q_start + q_len)."""
 
@@ -46,6 +56,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] where each new token's K/V is written
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    decode_batch: DecodeBatch | None = None
 
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
@@ -55,10 +66,11 @@ DECODE_GROUP_ROWS = 16
 
 def build_metadata(
     seqs: list[tuple[int, int, list[int]]], block_size: int, group: int, device: torch.device,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, *, decode_kernel: bool = False,
 ) -> AttentionMetadata:
     """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
-    by context length. Index tensors are built on the CPU and moved once.
+    by context length. Index tensors are built on the CPU and moved once. With
+    `decode_kernel`, decode rows get one `DecodeBatch` instead of SDPA groups.
 
     Masks are additive (0 / -inf) in the model dtype: SDPA is faster with them than with
     boolean masks on CPU.
@@ -69,15 +81,15 @@ def build_metadata(
         slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + q_len))
     num_decodes = sum(1 for _, q_len, _ in seqs if q_len == 1)
     decodes = seqs[:num_decodes]
+    decode_batch = None
+    if decode_kernel and decodes:
+        decode_batch = _decode_batch(decodes, bs, device)
     groups = []
-    for first in range(0, num_decodes, DECODE_GROUP_ROWS):
+    for first in range(0, 0 if decode_kernel else num_decodes, DECODE_GROUP_ROWS):
         rows = decodes[first : first + DECODE_GROUP_ROWS]
         lens = [start + 1 for start, _, _ in rows]
         width = -(-max(lens) // bs)
-        padded = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, (_, _, table) in enumerate(rows):
-            used = table[:width]
-            padded[r, : len(used)] = torch.tensor(used, dtype=torch.long)
+        padded = _padded_tables(rows, width, torch.long)
         visible = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
         groups.append(
             DecodeGroup(
@@ -103,7 +115,31 @@ def build_metadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
         decode_groups=groups,
         prefills=prefills,
+        decode_batch=decode_batch,
     )
+
+
+def _decode_batch(
+    decodes: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
+) -> DecodeBatch:
+    lens = [start + 1 for start, _, _ in decodes]
+    tables = _padded_tables(decodes, -(-max(lens) // block_size), torch.int32)
+    return DecodeBatch(
+        num_rows=len(decodes),
+        block_tables=tables.to(device, non_blocking=True),
+        seq_lens=torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True),
+    )
+
+
+def _padded_tables(
+    rows: list[tuple[int, int, list[int]]], width: int, dtype: torch.dtype,
+) -> torch.Tensor:
+    """The first `width` blocks of each row's table, padded with block 0 (masked out)."""
+    padded = torch.zeros(len(rows), width, dtype=dtype)
+    for r, (_, _, table) in enumerate(rows):
+        used = table[:width]
+        padded[r, : len(used)] = torch.tensor(used, dtype=dtype)
+    return padded
 
 
 def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -130,6 +166,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled."""
     parts = []
+    if meta.decode_batch is not None:
+        from workers.runner.triton_decode import paged_decode
+
+        batch = meta.decode_batch
+        parts.append(paged_decode(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
+                                  batch.seq_lens, scale, block_size))
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
         parts.append(_decode(q[rows], k_cache, v_cache, group, scale, block_size))

@@ -8,6 +8,8 @@ by LoRA slot so that rows of one adapter form one contiguous segment.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ class RunnerConfig:
     max_model_len: int | None
     max_loras: int = 0
     max_lora_rank: int = 16
+    attention_backend: str = "auto"
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -52,11 +55,42 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
             "float64": torch.float64}[dtype]
 
 
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+
+
+def pick_attention_backend(
+    name: str, device: torch.device, block_size: int, head_dim: int,
+) -> str:
+    """`auto` is the Triton decode kernel on CUDA when Triton is there, else torch.
+
+    Asking for `triton` where it cannot run is an error, not a silent fallback; on CPU it runs
+    only under Triton's interpreter (`TRITON_INTERPRET=1`), which is for tests.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+    if name == "torch":
+        return "torch"
+    has_triton = importlib.util.find_spec("triton") is not None
+    fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
+    if name == "auto":
+        return "triton" if device.type == "cuda" and has_triton and fits else "torch"
+    if not has_triton:
+        raise ValueError("attention_backend 'triton' needs the triton package")
+    if not fits:
+        raise ValueError("attention_backend 'triton' needs a power-of-two block_size "
+                         "and head_dim <= 256")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention_backend 'triton' needs a CUDA device "
+                         "(or TRITON_INTERPRET=1, for tests)")
+    return "triton"
+
+
 class ModelRunner:
     def __init__(
         self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
         *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
+        attention_backend: str = "torch",
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -71,6 +105,7 @@ class ModelRunner:
         self._generators: dict[int, torch.Generator] = {}
         self.max_lora_rank = max_lora_rank
         self.lora_slots = lora_slots
+        self.attention_backend = attention_backend
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -85,6 +120,8 @@ class ModelRunner:
         load_weights(model, config.model_path)
         model.eval()
         head_dim = model.layers[0].self_attn.head_dim
+        backend = pick_attention_backend(
+            config.attention_backend, config.device, config.block_size, head_dim)
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,
@@ -110,7 +147,8 @@ class ModelRunner:
             num_blocks * config.block_size,
         )
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
-                   lora_slots=lora_slots, max_lora_rank=config.max_lora_rank)
+                   lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
+                   attention_backend=backend)
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
@@ -158,6 +196,7 @@ class ModelRunner:
         meta = build_metadata(
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
             self.block_size, self.group, self.device, self.dtype,
+            decode_kernel=self.attention_backend == "triton",
         )
         device = self.device
         return (

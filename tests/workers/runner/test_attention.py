@@ -46,12 +46,17 @@ def layout(batch):
 CPU = torch.device("cpu")
 
 
-def run(q, k, v, k_cache, v_cache, batch, group, device=CPU):
-    meta = build_metadata(batch, BLOCK, group, device, q.dtype)
+def run(q, k, v, k_cache, v_cache, batch, group, device=CPU, backend="torch"):
+    meta = build_metadata(batch, BLOCK, group, device, q.dtype,
+                          decode_kernel=backend == "triton")
     write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
+BACKENDS = ["torch", "triton"]  # triton: Triton's interpreter on CPU, the kernel on CUDA
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(
     "seqs",
     [
@@ -59,11 +64,12 @@ def run(q, k, v, k_cache, v_cache, batch, group, device=CPU):
         pytest.param([(5, 1), (17, 1), (0, 1)], id="decodes"),
         pytest.param([(12, 1), (0, 7), (30, 1), (6, 5), (3, 1)], id="mixed-chunked"),
         pytest.param([(i * 3 % 41, 1) for i in range(40)] + [(0, 4)], id="many-decode-groups"),
+        pytest.param([(200, 1), (0, 1), (63, 1), (64, 1), (3, 6)], id="long-and-tile-edges"),
     ],
 )
-def test_batched_attention_equals_reference(seqs):
+def test_batched_attention_equals_reference(seqs, backend):
     q, k, v, k_cache, v_cache, batch, group = build(seqs)
-    out = run(q, k, v, k_cache, v_cache, batch, group)
+    out = run(q, k, v, k_cache, v_cache, batch, group, backend=backend)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -75,6 +81,26 @@ def test_decode_rows_are_grouped_by_length():
     assert [(g.row_start, g.num_rows) for g in meta.decode_groups] == [(0, 16), (16, 16), (32, 8)]
     assert [g.mask.shape[-1] // BLOCK for g in meta.decode_groups] == [4, 8, 10]
     assert [g.block_tables.numel() for g in meta.decode_groups] == [64, 128, 80]
+
+
+def test_decode_kernel_gets_one_padded_int32_table():
+    batch = [(4, 1, [7, 3]), (9, 1, [5, 1, 8, 2]), (0, 3, [6])]
+    meta = build_metadata(batch, BLOCK, 2, CPU, decode_kernel=True)
+    assert meta.decode_groups == []
+    assert meta.decode_batch is not None and meta.decode_batch.num_rows == 2
+    # context 5 needs 2 blocks, context 10 needs 3: the unused 4th block of row 1 is cut
+    assert meta.decode_batch.block_tables.tolist() == [[7, 3, 0], [5, 1, 8]]
+    assert meta.decode_batch.block_tables.dtype == torch.int32
+    assert meta.decode_batch.seq_lens.tolist() == [5, 10]
+    assert [(p.q_start, p.q_len) for p in meta.prefills] == [(2, 3)]
+
+
+def test_decode_kernel_head_dim_and_group_need_no_power_of_two():
+    q, k, v, k_cache, v_cache, batch, _ = build(
+        [(i * 7 % 50, 1) for i in range(6)], num_heads=6, num_kv_heads=1, head_dim=24)
+    out = run(q, k, v, k_cache, v_cache, batch, 6, backend="triton")
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_kv_written_at_the_slot_of_each_position():
@@ -90,12 +116,14 @@ def test_kv_written_at_the_slot_of_each_position():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_bfloat16_attention_close_to_reference():
-    q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (0, 7), (6, 5)])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cuda_bfloat16_attention_close_to_reference(backend):
+    q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (40, 1), (0, 7), (6, 5)])
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
     write_kv(ref_k, ref_v, k, v, meta.slot_mapping)
     ref = reference_attention(q, ref_k, ref_v, layout(batch), BLOCK, 8**-0.5)
-    out = run(*(t.to(dev, bf16) for t in (q, k, v, k_cache, v_cache)), batch, group, dev)
+    out = run(*(t.to(dev, bf16) for t in (q, k, v, k_cache, v_cache)), batch, group, dev,
+              backend=backend)
     torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)

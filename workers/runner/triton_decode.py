@@ -1,0 +1,97 @@
+"""A Triton kernel for decode attention that reads K/V straight from the paged pool.
+
+The torch path gathers each decode row's blocks into a padded tensor and then runs SDPA over
+it: the context is read twice and written once. This kernel walks the block table and keeps
+an online softmax in registers, so each K/V byte is read once. It also needs no per-step
+Python grouping, so its launch has fixed shapes (what a CUDA graph needs).
+
+One program serves one sequence and one KV head, with all the query heads of that head's GQA
+group as the rows of one tile. Importing this module imports Triton; only the CUDA backend
+does, or a test on CPU tensors with `TRITON_INTERPRET=1` set before Triton is imported.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Tokens per loop iteration; tl.dot wants every dimension to be at least 16.
+MIN_TILE = 16
+TILE_TOKENS = 64
+
+
+@triton.jit
+def _paged_decode(
+    q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, scale,
+    stride_q_tok, stride_q_head, stride_kv_slot, stride_kv_head, stride_o_tok, stride_o_head,
+    stride_table,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + seq)
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, DIM_PAD)
+    row_ok = rows < GROUP
+    dim_ok = dims < HEAD_DIM
+    heads = kv_head * GROUP + rows
+    q = tl.load(
+        q_ptr + seq * stride_q_tok + heads[:, None] * stride_q_head + dims[None, :],
+        mask=row_ok[:, None] & dim_ok[None, :], other=0.0,
+    )
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    offs = tl.arange(0, TILE)
+    for start in range(0, seq_len, TILE):
+        pos = start + offs
+        pos_ok = pos < seq_len
+        block = tl.load(tables_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=pos_ok, other=0)
+        slots = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
+        kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + dims[None, :]
+        kv_mask = pos_ok[:, None] & dim_ok[None, :]
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(pos_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        denom = denom * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m = m_new
+    out = acc / denom[:, None]
+    tl.store(
+        out_ptr + seq * stride_o_tok + heads[:, None] * stride_o_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :],
+    )
+
+
+def paged_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [rows, heads, dim], one query token per row; block_tables: int32 [rows, max_pages];
+    seq_lens: int32 [rows], the context each row attends to (its own new token included)."""
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    if rows == 0:
+        return out
+    assert k_cache.stride(2) == 1 and q.stride(2) == 1 and out.stride(2) == 1
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    _paged_decode[(rows, num_kv_heads)](
+        q, k_cache, v_cache, out, block_tables, seq_lens, scale,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0),
+        GROUP=group, GROUP_PAD=max(MIN_TILE, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, DIM_PAD=max(MIN_TILE, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE=max(TILE_TOKENS, block_size), PRECISION=precision,
+    )
+    return out
