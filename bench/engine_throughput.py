@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
 from bench.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
 
 SYSTEMS = ("engine", "hf_static", "hf_batch")
@@ -373,27 +373,6 @@ def decode_bandwidth(llm: Any, sp_cls: Any, args: argparse.Namespace) -> dict[st
     return {"weight_bytes": weights, "kv_bytes_per_token": kv_tok, "prompt_len": p_len,
             "outputs": [t_short, t_long], "copy_gb_s": copy_bw / 1e9 if copy_bw else None,
             "rows": rows}
-
-
-def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:
-    """Device memory bandwidth in bytes/s from a large tensor copy (read + write both count)."""
-    import torch
-
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1e3
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * nbytes * iters / seconds
 
 
 def sync(device: str) -> None:

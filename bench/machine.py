@@ -14,3 +14,24 @@ def cpu_model() -> str:
     except OSError:
         pass
     return "unknown"
+
+
+def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device memory bandwidth in bytes/s from a large tensor copy (read + write both count)."""
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(iters):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes * iters / seconds
