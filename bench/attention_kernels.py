@@ -3,7 +3,8 @@
 For each model shape, batch size and context length, one decode step's attention (one query
 token per sequence, contexts scattered over a shuffled pool) is timed for:
 
-- `torch`: the CPU/portable path, whole-block `index_select` gathers + SDPA per length group;
+- `torch`: the CPU/portable path, one `index_select` of whole (block, head) pieces + SDPA per
+  length group;
 - `triton`: `workers/runner/triton_decode.py`, which reads K/V in place (CUDA only; on CPU
   Triton only interprets, which says nothing about speed).
 
@@ -56,8 +57,8 @@ def make_case(
     blocks_per_seq = -(-context // BLOCK)
     num_blocks = batch * blocks_per_seq + 1
     g = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=g).to(device, dtype)
-    v_cache = torch.randn(num_blocks * BLOCK, kv_heads, dim, generator=g).to(device, dtype)
+    k_cache = torch.randn(num_blocks, kv_heads, BLOCK, dim, generator=g).to(device, dtype)
+    v_cache = torch.randn(num_blocks, kv_heads, BLOCK, dim, generator=g).to(device, dtype)
     free = torch.randperm(num_blocks, generator=g).tolist()
     seqs = [(context - 1, 1, [free.pop() for _ in range(blocks_per_seq)]) for _ in range(batch)]
     q = torch.randn(batch, heads, dim, generator=g).to(device, dtype)
@@ -69,7 +70,8 @@ def make_case(
 def attend(case: dict[str, Any], backend: str, device: torch.device) -> tuple[Any, Any]:
     """A closure running one decode step's attention, and its metadata (built once, untimed)."""
     q = case["q"]
-    meta = build_metadata(case["seqs"], BLOCK, case["group"], device, q.dtype,
+    meta = build_metadata(case["seqs"], BLOCK, case["k_cache"].shape[1], case["group"], device,
+                          q.dtype,
                           decode_kernel=backend == "triton")
     scale = q.shape[-1] ** -0.5
 

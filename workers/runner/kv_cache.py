@@ -46,8 +46,8 @@ def budget_bytes(device: torch.device, memory: int | None, fraction: float | Non
 def allocate(
     spec: KVCacheSpec, num_blocks: int, device: torch.device
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One K and one V tensor per layer, `[num_blocks * block_size, kv_heads, head_dim]`."""
-    shape = (num_blocks * spec.block_size, spec.num_kv_heads, spec.head_dim)
+    """One K and one V tensor per layer, `[num_blocks, kv_heads, block_size, head_dim]`."""
+    shape = (num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim)
     caches = [
         (
             torch.zeros(shape, dtype=spec.dtype, device=device),

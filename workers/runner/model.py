@@ -64,7 +64,7 @@ class Attention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        write_kv(k_cache, v_cache, k, v, meta.write_rows)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, block_size)
         out = out.reshape(num_tokens, self.q_size)
         projected = self.o_proj(out)

@@ -101,6 +101,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         config = model.config
+        self.num_kv_heads = config.num_key_value_heads
         self.group = config.num_attention_heads // config.num_key_value_heads
         self._generators: dict[int, torch.Generator] = {}
         self.max_lora_rank = max_lora_rank
@@ -195,7 +196,7 @@ class ModelRunner:
                 sample_rows.append(len(token_ids) - 1)
         meta = build_metadata(
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
-            self.block_size, self.group, self.device, self.dtype,
+            self.block_size, self.num_kv_heads, self.group, self.device, self.dtype,
             decode_kernel=self.attention_backend == "triton",
         )
         device = self.device
@@ -229,11 +230,8 @@ class ModelRunner:
         )
 
     def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        bs = self.block_size
-        offsets = torch.arange(bs)
-        src = (torch.tensor([s for s, _ in pairs])[:, None] * bs + offsets).flatten()
-        dst = (torch.tensor([d for _, d in pairs])[:, None] * bs + offsets).flatten()
-        src, dst = src.to(self.device), dst.to(self.device)
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))

@@ -24,8 +24,8 @@ TILE_TOKENS = 64
 @triton.jit
 def _paged_decode(
     q_ptr, k_ptr, v_ptr, out_ptr, tables_ptr, lens_ptr, scale,
-    stride_q_tok, stride_q_head, stride_kv_slot, stride_kv_head, stride_o_tok, stride_o_head,
-    stride_table,
+    stride_q_tok, stride_q_head, stride_kv_block, stride_kv_head, stride_kv_tok,
+    stride_o_tok, stride_o_head, stride_table,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -50,8 +50,8 @@ def _paged_decode(
         pos = start + offs
         pos_ok = pos < seq_len
         block = tl.load(tables_ptr + seq * stride_table + pos // BLOCK_SIZE, mask=pos_ok, other=0)
-        slots = block.to(tl.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_off = slots[:, None] * stride_kv_slot + kv_head * stride_kv_head + dims[None, :]
+        base = block.to(tl.int64) * stride_kv_block + (pos % BLOCK_SIZE) * stride_kv_tok
+        kv_off = base[:, None] + kv_head * stride_kv_head + dims[None, :]
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
         k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
@@ -75,8 +75,9 @@ def paged_decode(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [rows, heads, dim], one query token per row; block_tables: int32 [rows, max_pages];
-    seq_lens: int32 [rows], the context each row attends to (its own new token included)."""
+    """q: [rows, heads, dim], one query token per row; k_cache, v_cache: the layer's pool,
+    [num_blocks, kv_heads, block_size, dim]; block_tables: int32 [rows, max_blocks]; seq_lens:
+    int32 [rows], the context each row attends to (its own new token included)."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -84,11 +85,11 @@ def paged_decode(
         out = torch.empty_like(q)
     if rows == 0:
         return out
-    assert k_cache.stride(2) == 1 and q.stride(2) == 1 and out.stride(2) == 1
+    assert k_cache.stride(3) == 1 and q.stride(2) == 1 and out.stride(2) == 1
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     _paged_decode[(rows, num_kv_heads)](
         q, k_cache, v_cache, out, block_tables, seq_lens, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(MIN_TILE, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, DIM_PAD=max(MIN_TILE, triton.next_power_of_2(head_dim)),

@@ -21,8 +21,8 @@ def build(seqs, num_heads=6, num_kv_heads=2, head_dim=8, num_blocks=512, seed=0)
     Returns the batch in the runner's order: decodes by context length, then prefills.
     """
     g = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(num_blocks * BLOCK, num_kv_heads, head_dim, generator=g)
-    v_cache = torch.randn(num_blocks * BLOCK, num_kv_heads, head_dim, generator=g)
+    k_cache = torch.randn(num_blocks, num_kv_heads, BLOCK, head_dim, generator=g)
+    v_cache = torch.randn(num_blocks, num_kv_heads, BLOCK, head_dim, generator=g)
     free = torch.randperm(num_blocks, generator=g).tolist()
     ordered = sorted(seqs, key=lambda s: (s[1] != 1, s[0] if s[1] == 1 else 0))
     batch = [(start, q_len, [free.pop() for _ in range(-(-(start + q_len) // BLOCK))])
@@ -47,9 +47,9 @@ CPU = torch.device("cpu")
 
 
 def run(q, k, v, k_cache, v_cache, batch, group, device=CPU, backend="torch"):
-    meta = build_metadata(batch, BLOCK, group, device, q.dtype,
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, device, q.dtype,
                           decode_kernel=backend == "triton")
-    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
@@ -77,15 +77,24 @@ def test_batched_attention_equals_reference(seqs, backend):
 def test_decode_rows_are_grouped_by_length():
     seqs = [(i, 1) for i in range(40)]
     _, _, _, _, _, batch, group = build(seqs)
-    meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
+    meta = build_metadata(batch, BLOCK, 2, group, torch.device("cpu"))
     assert [(g.row_start, g.num_rows) for g in meta.decode_groups] == [(0, 16), (16, 16), (32, 8)]
     assert [g.mask.shape[-1] // BLOCK for g in meta.decode_groups] == [4, 8, 10]
-    assert [g.block_tables.numel() for g in meta.decode_groups] == [64, 128, 80]
+    # one (block, head) piece per row, KV head and block: 16 x 2 x 4, 16 x 2 x 8, 8 x 2 x 10
+    assert [g.pieces.numel() for g in meta.decode_groups] == [128, 256, 160]
+
+
+def test_pieces_are_gathered_in_row_head_block_order():
+    batch = [(5, 1, [7, 3]), (2, 1, [4])]  # sorted by context: the runner's order
+    batch.sort(key=lambda s: s[0])
+    meta = build_metadata(batch, BLOCK, 2, 1, CPU)
+    # piece id = block * kv_heads + head; row 0 (block 4) is padded to 2 blocks with block 0
+    assert meta.decode_groups[0].pieces.tolist() == [8, 0, 9, 1, 14, 6, 15, 7]
 
 
 def test_decode_kernel_gets_one_padded_int32_table():
     batch = [(4, 1, [7, 3]), (9, 1, [5, 1, 8, 2]), (0, 3, [6])]
-    meta = build_metadata(batch, BLOCK, 2, CPU, decode_kernel=True)
+    meta = build_metadata(batch, BLOCK, 1, 2, CPU, decode_kernel=True)
     assert meta.decode_groups == []
     assert meta.decode_batch is not None and meta.decode_batch.num_rows == 2
     # context 5 needs 2 blocks, context 10 needs 3: the unused 4th block of row 1 is cut
@@ -104,14 +113,17 @@ def test_decode_kernel_head_dim_and_group_need_no_power_of_two():
 
 
 def test_kv_written_at_the_slot_of_each_position():
-    k_cache = torch.zeros(8 * BLOCK, 1, 2)
-    v_cache = torch.zeros(8 * BLOCK, 1, 2)
-    k = torch.arange(6.0).view(3, 1, 2)
-    write_kv(k_cache, v_cache, k, -k, torch.tensor([21, 22, 5]))
-    assert k_cache[21].tolist() == [[0.0, 1.0]]
-    assert k_cache[5].tolist() == [[4.0, 5.0]]
-    assert v_cache[22].tolist() == [[-2.0, -3.0]]
-    assert torch.nonzero(k_cache.abs().sum(dim=(1, 2))).flatten().tolist() == [5, 21, 22]
+    k_cache = torch.zeros(8, 2, BLOCK, 3)  # [blocks, kv heads, block size, dim]
+    v_cache = torch.zeros(8, 2, BLOCK, 3)
+    # positions 3, 4, 5 of a sequence on blocks [6, 2]: block 6 offset 3, block 2 offsets 0, 1
+    meta = build_metadata([(3, 3, [6, 2])], BLOCK, 2, 1, CPU)
+    k = torch.arange(1.0, 19.0).view(3, 2, 3)
+    write_kv(k_cache, v_cache, k, -k, meta.write_rows)
+    for token, (block, offset) in enumerate([(6, 3), (2, 0), (2, 1)]):
+        for head in range(2):
+            assert k_cache[block, head, offset].tolist() == k[token, head].tolist()
+            assert v_cache[block, head, offset].tolist() == (-k[token, head]).tolist()
+    assert int(torch.count_nonzero(k_cache)) == k.numel()
 
 
 @pytest.mark.cuda
@@ -121,8 +133,8 @@ def test_cuda_bfloat16_attention_close_to_reference(backend):
     q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (40, 1), (0, 7), (6, 5)])
     dev, bf16 = torch.device("cuda"), torch.bfloat16
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
-    meta = build_metadata(batch, BLOCK, group, torch.device("cpu"))
-    write_kv(ref_k, ref_v, k, v, meta.slot_mapping)
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, torch.device("cpu"))
+    write_kv(ref_k, ref_v, k, v, meta.write_rows)
     ref = reference_attention(q, ref_k, ref_v, layout(batch), BLOCK, 8**-0.5)
     out = run(*(t.to(dev, bf16) for t in (q, k, v, k_cache, v_cache)), batch, group, dev,
               backend=backend)

@@ -34,5 +34,5 @@ def test_allocate_makes_one_pool_per_layer_and_logs_token_capacity(caplog):
     with caplog.at_level(logging.INFO, logger="workers.runner.kv_cache"):
         caches = allocate(spec, num_blocks=5, device=CPU)
     assert len(caches) == 2
-    assert all(k.shape == (40, 1, 4) and v.shape == (40, 1, 4) for k, v in caches)
+    assert all(k.shape == (5, 1, 8, 4) and v.shape == (5, 1, 8, 4) for k, v in caches)
     assert "5 blocks of 8 tokens = 40 tokens" in caplog.text
