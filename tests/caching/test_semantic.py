@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import numpy as np
 import pytest
 from redis.asyncio import Redis
 
 from caching.semantic import MemorySemanticCache, RedisSemanticCache, SemanticCache, SemanticHit
+from tests.caching.support import DIM, cache_factory, e
 
-DIM = 16
 Factory = Callable[..., SemanticCache]
-
-
-def e(i: int) -> np.ndarray:
-    v = np.zeros(DIM, dtype=np.float32)
-    v[i] = 1.0
-    return v
 
 
 def near(i: int, j: int, cos: float) -> np.ndarray:
@@ -28,20 +23,13 @@ def near(i: int, j: int, cos: float) -> np.ndarray:
 @pytest.fixture(params=["memory", "redis"])
 async def make_cache(request: pytest.FixtureRequest, redis: Redis,
                      prefix: str) -> AsyncIterator[Factory]:
-    made: list[SemanticCache] = []
-
-    def factory(**kwargs: int) -> SemanticCache:
-        cache: SemanticCache
-        if request.param == "memory":
-            cache = MemorySemanticCache(dim=DIM, **kwargs)
-        else:
-            cache = RedisSemanticCache(redis, prefix=prefix, dim=DIM, **kwargs)
-        made.append(cache)
-        return cache
-
-    yield factory
-    for cache in made:
-        await cache.close()
+    make: Factory
+    if request.param == "memory":
+        make = partial(MemorySemanticCache, dim=DIM)
+    else:
+        make = partial(RedisSemanticCache, redis, prefix=prefix, dim=DIM)
+    async with cache_factory(make) as factory:
+        yield factory
 
 
 async def test_hit_above_threshold_miss_below(make_cache: Factory) -> None:

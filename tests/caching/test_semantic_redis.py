@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import numpy as np
 import pytest
@@ -12,30 +13,16 @@ from redis.asyncio import Redis
 
 from caching.namespace import tenant_prefix
 from caching.semantic import RedisSemanticCache
+from tests.caching.support import DIM, cache_factory, e
 
-DIM = 16
 Factory = Callable[..., RedisSemanticCache]
-
-
-def e(i: int) -> np.ndarray:
-    v = np.zeros(DIM, dtype=np.float32)
-    v[i] = 1.0
-    return v
 
 
 @pytest.fixture
 async def replicas(redis: Redis, prefix: str) -> AsyncIterator[Factory]:
     """Each call is another gateway replica: same Redis, its own in-process index."""
-    made: list[RedisSemanticCache] = []
-
-    def factory(**kwargs: int) -> RedisSemanticCache:
-        cache = RedisSemanticCache(redis, prefix=prefix, dim=DIM, **kwargs)
-        made.append(cache)
-        return cache
-
-    yield factory
-    for cache in made:
-        await cache.close()
+    async with cache_factory(partial(RedisSemanticCache, redis, prefix=prefix, dim=DIM)) as factory:
+        yield factory
 
 
 async def value(cache: RedisSemanticCache, tenant: str, vector: np.ndarray) -> bytes | None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,15 +23,13 @@ import openai
 import pytest
 
 from tenancy.migrate import upgrade
+from tests.e2e.support import Gateway, gateway_env
 from tests.gateway.support import (
     REPO,
-    SECRET,
     MockUpstream,
     admin_key,
-    free_port,
     mock_deployment,
     seed_tenant,
-    wait_http,
     write_deployments,
 )
 
@@ -80,30 +76,19 @@ async def _seed(db_url: str, tmp: Path) -> tuple[str, str]:
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("console")
     upstream = MockUpstream().start()
-    proc: subprocess.Popen[bytes] | None = None
+    gateway: Gateway | None = None
     db_url = f"sqlite+aiosqlite:///{tmp}/gw.db"
     try:
         upgrade(db_url)
         admin, tenant = asyncio.run(_seed(db_url, tmp))
-        port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-               "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
-               "SWITCHBOARD_EMBEDDED_MODEL": "none", "SWITCHBOARD_LOG_LEVEL": "warning",
-               "SWITCHBOARD_USAGE_FLUSH_INTERVAL_S": "0.1",
-               "SWITCHBOARD_AUTH_POLL_INTERVAL_S": "0.2",
-               "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
-               "SWITCHBOARD_DEPLOYMENTS_FILE": str(write_deployments(
-                   tmp, [mock_deployment(upstream.base_url)]))}
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port",
-                                 str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/health", timeout_s=60, proc=proc)
-        yield Live(base, admin, tenant, artifacts_dir())
+        env = gateway_env(db_url, tmp, usage_flush_interval_s=0.1, auth_poll_interval_s=0.2,
+                          deployments_file=write_deployments(
+                              tmp, [mock_deployment(upstream.base_url)]))
+        gateway = Gateway(env, tmp / "gateway.log")
+        yield Live(gateway.start(timeout_s=60).url, admin, tenant, artifacts_dir())
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(15)
+        if gateway is not None:
+            gateway.stop()
         upstream.stop()
 
 

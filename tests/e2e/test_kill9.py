@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -144,45 +144,51 @@ async def live(request: pytest.FixtureRequest, tmp_path: Path
         upstream.stop()
 
 
-async def test_kill9_under_load_loses_no_completed_response(live, tmp_path):
-    env, tenant, engine, outbox = live
-    gateway = Gateway(env, tmp_path / "gateway.log").start()
+@pytest.fixture
+def gateways(live: tuple[dict[str, str], Seeded, AsyncEngine, Path], tmp_path: Path
+             ) -> Iterator[tuple[Gateway, Gateway]]:
+    """The gateway under load, started, and the one that restarts after it (not yet started),
+    on the same environment and log; both are killed at the end if they still run."""
+    env = live[0]
+    gateway = Gateway(env, tmp_path / "gateway.log")
     restarted = Gateway(env, tmp_path / "gateway.log")
     try:
-        completed = await load_and_signal(gateway, tenant.key, signal.SIGKILL)
-        assert gateway.wait() == -signal.SIGKILL
-        assert len(completed) >= 20, gateway.log_tail()
-        # The test means something only if the kill caught records in the outbox alone.
-        assert outbox_files(outbox), "no outbox segment: is the meter given outbox_dir?"
-        assert len(set(await stored_ids(engine)) & set(completed)) < len(completed), (
-            "every record was already in the database: the kill tested nothing")
-
-        restarted.start()  # replays the dead process's segments before serving
-        await assert_exactly_once(engine, completed, restarted)
-        restarted.signal(signal.SIGTERM)
-        assert restarted.wait() in CLEAN_EXIT
-        assert outbox_files(outbox) == []
+        yield gateway.start(), restarted
     finally:
         gateway.stop()
         restarted.stop()
 
 
-async def test_sigterm_under_load_drains_everything(live, tmp_path):
-    env, tenant, engine, outbox = live
-    gateway = Gateway(env, tmp_path / "gateway.log").start()
-    restarted = Gateway(env, tmp_path / "gateway.log")
-    try:
-        completed = await load_and_signal(gateway, tenant.key, signal.SIGTERM)
-        assert gateway.wait() in CLEAN_EXIT, gateway.log_tail()
-        assert len(completed) >= 20, gateway.log_tail()
-        assert outbox_files(outbox) == [], gateway.log_tail()  # a clean stop leaves nothing
-        assert set(completed) <= set(await stored_ids(engine))  # written before it exited
+async def restart_and_drain(restarted: Gateway, engine: AsyncEngine, completed: list[str],
+                            outbox: Path) -> None:
+    """Start the successor (it replays any segments first): every completed response has
+    exactly one record; then its own SIGTERM is a clean exit that leaves the outbox empty."""
+    restarted.start()
+    await assert_exactly_once(engine, completed, restarted)
+    restarted.signal(signal.SIGTERM)
+    assert restarted.wait() in CLEAN_EXIT
+    assert outbox_files(outbox) == []
 
-        restarted.start()
-        await assert_exactly_once(engine, completed, restarted)
-        restarted.signal(signal.SIGTERM)
-        assert restarted.wait() in CLEAN_EXIT
-        assert outbox_files(outbox) == []
-    finally:
-        gateway.stop()
-        restarted.stop()
+
+async def test_kill9_under_load_loses_no_completed_response(live, gateways):
+    _, tenant, engine, outbox = live
+    gateway, restarted = gateways
+    completed = await load_and_signal(gateway, tenant.key, signal.SIGKILL)
+    assert gateway.wait() == -signal.SIGKILL
+    assert len(completed) >= 20, gateway.log_tail()
+    # The test means something only if the kill caught records in the outbox alone.
+    assert outbox_files(outbox), "no outbox segment: is the meter given outbox_dir?"
+    assert len(set(await stored_ids(engine)) & set(completed)) < len(completed), (
+        "every record was already in the database: the kill tested nothing")
+    await restart_and_drain(restarted, engine, completed, outbox)
+
+
+async def test_sigterm_under_load_drains_everything(live, gateways):
+    _, tenant, engine, outbox = live
+    gateway, restarted = gateways
+    completed = await load_and_signal(gateway, tenant.key, signal.SIGTERM)
+    assert gateway.wait() in CLEAN_EXIT, gateway.log_tail()
+    assert len(completed) >= 20, gateway.log_tail()
+    assert outbox_files(outbox) == [], gateway.log_tail()  # a clean stop leaves nothing
+    assert set(completed) <= set(await stored_ids(engine))  # written before it exited
+    await restart_and_drain(restarted, engine, completed, outbox)

@@ -1,4 +1,5 @@
-"""Gateway fixtures: a mock provider upstream, databases on both backends, a tiny engine."""
+"""Gateway fixtures: a mock provider upstream, databases on both backends, a tiny engine, and
+a module's named in-process mock upstreams."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.mock_upstream import MockServerThread
 from tests.dbutil import BACKENDS, migrated_database
-from tests.gateway.support import MockUpstream
+from tests.gateway.support import MockUpstream, mock_servers
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +18,25 @@ def mock_upstream() -> Iterator[MockUpstream]:
     upstream = MockUpstream().start()
     yield upstream
     upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def mock_fleet(request: pytest.FixtureRequest) -> Iterator[dict[str, MockServerThread]]:
+    """One in-process mock upstream per name in the test module's MOCKS, started once for the
+    module: starting them per test would cost more than most of the tests."""
+    names: tuple[str, ...] = getattr(request.module, "MOCKS", ())
+    if not names:
+        pytest.fail(f"{request.module.__name__} uses `mocks` but names no MOCKS", pytrace=False)
+    with mock_servers(*names) as servers:
+        yield servers
+
+
+@pytest.fixture
+def mocks(mock_fleet: dict[str, MockServerThread]) -> dict[str, MockServerThread]:
+    """The module's mock upstreams, reset to healthy: no test sees a mode another one set."""
+    for server in mock_fleet.values():
+        server.mock.reset()
+    return mock_fleet
 
 
 @pytest.fixture

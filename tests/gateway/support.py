@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import yaml
@@ -26,6 +27,7 @@ from tenancy.keys import load_or_create_pepper
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-key-for-gateway-tests"
+CHAT_MODEL = "chat"  # the model name `priced_deployment` serves and `GatewayWorld.chat` asks for
 
 
 def free_port() -> int:
@@ -74,9 +76,14 @@ async def admin_key(db_url: str, tmp_path: Path) -> str:
         await engine.dispose()
 
 
-def write_deployments(tmp_path: Path, deployments: list[dict[str, Any]]) -> Path:
+def write_deployments(tmp_path: Path, deployments: list[dict[str, Any]], *,
+                      aliases: list[dict[str, Any]] | None = None) -> Path:
+    """The routing file for `deployments_file`: the deployments, and the aliases if any."""
+    routing: dict[str, Any] = {"deployments": deployments}
+    if aliases:
+        routing["aliases"] = aliases
     path = tmp_path / "deployments.yaml"
-    path.write_text(yaml.safe_dump({"deployments": deployments}))
+    path.write_text(yaml.safe_dump(routing))
     return path
 
 
@@ -90,6 +97,16 @@ def mock_deployment(base_url: str, **overrides: Any) -> dict[str, Any]:
     }
 
 
+def priced_deployment(name: str, mock: MockServerThread, price: str, **more: Any
+                      ) -> dict[str, Any]:
+    """A deployment of CHAT_MODEL on `mock` at `price` USD per 1M tokens in and out. Its
+    upstream key, `sk-<name>-upstream-secret`, is one a test can look for in what leaks."""
+    return {"name": name, "model_name": CHAT_MODEL, "provider": "openai",
+            "base_url": mock.base_url, "api_key": f"sk-{name}-upstream-secret",
+            "upstream_model": f"up-{name}", "input_price_per_1m": price,
+            "output_price_per_1m": price, **more}
+
+
 def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": db_url, "secret_key": SECRET, "secret_file": tmp_path / "secret",
@@ -98,6 +115,12 @@ def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
         **overrides,
     }
     return Settings(**values)
+
+
+def mock_settings(db_url: str, tmp_path: Path, base_url: str, **overrides: Any) -> Settings:
+    """`settings` for a gateway whose one deployment is the mock upstream at `base_url`."""
+    return settings(db_url, tmp_path, deployments_file=write_deployments(
+        tmp_path, [mock_deployment(base_url)]), **overrides)
 
 
 @asynccontextmanager
@@ -114,6 +137,52 @@ async def in_process(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 async def gateway_client(cfg: Settings, **kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
     async with in_process(create_app(cfg, **kwargs)) as client:
         yield client
+
+
+@dataclass
+class GatewayWorld:
+    """A gateway app served in-process to one seeded tenant, over named mock upstreams.
+    Modules subclass it for their own fields and helpers; `serve_world` builds any of them."""
+
+    client: httpx.AsyncClient
+    app: FastAPI
+    tenant: Seeded
+    mocks: dict[str, MockServerThread]
+    prompt: ClassVar[str] = "hi"  # what `chat` sends when given no content
+
+    async def chat(self, content: str | None = None, model: str = CHAT_MODEL, *,
+                   key: str | None = None, headers: dict[str, str] | None = None,
+                   **extra: Any) -> httpx.Response:
+        """One user message as the tenant (or as `key`); `extra` goes into the body."""
+        message = {"role": "user", "content": self.prompt if content is None else content}
+        body = {"model": model, "messages": [message], **extra}
+        return await self.client.post("/v1/chat/completions", json=body,
+                                      headers={**bearer(key or self.tenant.key), **(headers or {})})
+
+    async def settled(self) -> None:
+        """Background work (cache stores) done, so the next identical request can hit."""
+        await asyncio.gather(*self.app.state.gateway.background)
+
+
+WorldT = TypeVar("WorldT", bound=GatewayWorld)
+
+
+@asynccontextmanager
+async def serve_world(
+    world: type[WorldT], db_url: str, tmp_path: Path, mocks: dict[str, MockServerThread],
+    deployments: list[dict[str, Any]], *, aliases: list[dict[str, Any]] | None = None,
+    plan: dict[str, Any] | None = None, app_kwargs: dict[str, Any] | None = None,
+    fields: dict[str, Any] | None = None, **overrides: Any,
+) -> AsyncIterator[WorldT]:
+    """A `world` whose gateway routes over `deployments` (and `aliases`) with `settings`
+    overrides, for one tenant "acme" on `plan`. `app_kwargs` go to `create_app` and `fields`
+    fill the subclass's own fields, so every module builds its world the same way."""
+    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(
+        tmp_path, deployments, aliases=aliases), **overrides)
+    tenant = await seed_tenant(db_url, tmp_path, name="acme", plan=plan)
+    app = create_app(cfg, **(app_kwargs or {}))
+    async with in_process(app) as client:
+        yield world(client, app, tenant, mocks, **(fields or {}))
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:

@@ -23,9 +23,8 @@ from tests.gateway.support import (
     bearer,
     gateway_client,
     mock_deployment,
+    mock_settings,
     seed_tenant,
-    settings,
-    write_deployments,
 )
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -47,8 +46,7 @@ class Admin:
 async def admin(db_url, tmp_path, mock_upstream) -> AsyncIterator[Admin]:
     key = await admin_key(db_url, tmp_path)
     tenant = await seed_tenant(db_url, tmp_path, name="acme")
-    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(
-        tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(db_url, tmp_path, mock_upstream.base_url)
     async with gateway_client(cfg) as client:
         client.headers.update(bearer(key))
         yield Admin(client, key, tenant, mock_upstream.base_url)

@@ -4,34 +4,22 @@ scrape time, the optional scrape token, and nothing secret or private in the out
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from types import SimpleNamespace
 from typing import Any
 
-import httpx
 import pytest
-import yaml
-from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.mock_upstream import MockMode, MockServerThread
-from gateway.app import create_app
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.observability.metrics import OTHER, GatewayMetrics
-from tests.gateway.support import (
-    Seeded,
-    bearer,
-    in_process,
-    mock_servers,
-    ok,
-    seed_tenant,
-    settings,
-)
+from tests.gateway.support import CHAT_MODEL as MODEL
+from tests.gateway.support import GatewayWorld, bearer, ok, priced_deployment, serve_world
 
-MODEL = "chat"
+MOCKS = ("a", "b")
 PROMPT = "What is the capital of Atlantis?"
 METRICS_TOKEN = "scrape-token-for-tests"
 
@@ -52,63 +40,29 @@ def labels(**values: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(values.items()))
 
 
-@pytest.fixture(scope="module")
-def mocks() -> Iterator[dict[str, MockServerThread]]:
-    with mock_servers("a", "b") as servers:
-        yield servers
-
-
-@pytest.fixture(autouse=True)
-def healthy_mocks(mocks) -> None:
-    for server in mocks.values():
-        server.mock.reset()
-
-
-@dataclass
-class World:
-    client: httpx.AsyncClient
-    app: FastAPI
-    tenant: Seeded
-    mocks: dict[str, MockServerThread]
-
-    async def chat(self, content: str = "hi", **extra: Any) -> httpx.Response:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
-        return await self.client.post("/v1/chat/completions", json=body,
-                                      headers=bearer(self.tenant.key))
-
+class World(GatewayWorld):
     async def metrics(self, headers: dict[str, str] | None = None) -> str:
         r = await self.client.get("/metrics", headers=headers or {})
         assert r.status_code == 200, r.text
         assert r.headers["content-type"].startswith("text/plain")
         return r.text
 
-    async def settled(self) -> None:
-        """Background work (cache stores) done, so the next identical request can hit."""
-        await asyncio.gather(*self.app.state.gateway.background)
 
-
-def upstream(name: str, mock: MockServerThread, price: str) -> dict[str, Any]:
-    return {"name": name, "model_name": MODEL, "provider": "openai", "base_url": mock.base_url,
-            "api_key": f"sk-{name}-upstream-secret", "upstream_model": f"up-{name}",
-            "input_price_per_1m": price, "output_price_per_1m": price}
-
-
-async def make_world(sqlite_url: str, tmp_path, mocks, **overrides: Any
-                     ) -> AsyncIterator[World]:
-    path = tmp_path / "routing.yaml"
-    path.write_text(yaml.safe_dump({"deployments": [upstream("a", mocks["a"], "1"),
-                                                    upstream("b", mocks["b"], "2")]}))
-    cfg = settings(sqlite_url, tmp_path, deployments_file=path, breaker_failure_threshold=2,
-                   breaker_window_s=30, breaker_cooldown_s=30, **overrides)
-    tenant = await seed_tenant(sqlite_url, tmp_path, name="acme", plan={"rpm": 3})
-    app = create_app(cfg)
-    async with in_process(app) as client:
-        yield World(client, app, tenant, mocks)
+@asynccontextmanager
+async def make_world(sqlite_url: str, tmp_path, mocks: dict[str, MockServerThread],
+                     **overrides: Any) -> AsyncIterator[World]:
+    deployments = [priced_deployment("a", mocks["a"], "1"),
+                   priced_deployment("b", mocks["b"], "2")]
+    async with serve_world(World, sqlite_url, tmp_path, mocks, deployments, plan={"rpm": 3},
+                           breaker_failure_threshold=2, breaker_window_s=30,
+                           breaker_cooldown_s=30, **overrides) as w:
+        yield w
 
 
 @pytest.fixture
-async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[World]:
-    async for w in make_world(sqlite_url, tmp_path, mocks):
+async def world(sqlite_url, tmp_path, mocks: dict[str, MockServerThread]
+                ) -> AsyncIterator[World]:
+    async with make_world(sqlite_url, tmp_path, mocks) as w:
         yield w
 
 
@@ -182,7 +136,7 @@ async def test_breaker_gauge_shows_an_open_breaker(world):
 
 
 async def test_the_metrics_token_is_required_when_set(sqlite_url, tmp_path, mocks):
-    async for world in make_world(sqlite_url, tmp_path, mocks, metrics_token=METRICS_TOKEN):
+    async with make_world(sqlite_url, tmp_path, mocks, metrics_token=METRICS_TOKEN) as world:
         assert (await world.client.get("/metrics")).status_code == 401
         for wrong in ("Bearer nope", f"Basic {METRICS_TOKEN}", world.tenant.key):
             r = await world.client.get("/metrics", headers={"authorization": wrong})

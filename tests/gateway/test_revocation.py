@@ -26,10 +26,8 @@ from tests.gateway.support import (
     admin_key,
     bearer,
     gateway_client,
-    mock_deployment,
+    mock_settings,
     seed_tenant,
-    settings,
-    write_deployments,
 )
 
 SHIPPED_POLL_S = Settings.model_fields["auth_poll_interval_s"].default
@@ -56,9 +54,8 @@ class Replicas:
 async def replicas(db_url, tmp_path, mock_upstream) -> AsyncIterator[Replicas]:
     admin = bearer(await admin_key(db_url, tmp_path))
     tenant = await seed_tenant(db_url, tmp_path, name="acme", plan={"rpm": 100_000})
-    cfg = settings(db_url, tmp_path, auth_poll_interval_s=SHIPPED_POLL_S,
-                   deployments_file=write_deployments(
-                       tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(db_url, tmp_path, mock_upstream.base_url,
+                        auth_poll_interval_s=SHIPPED_POLL_S)
     async with gateway_client(cfg) as one, gateway_client(cfg) as two:
         yield Replicas(one, two, admin, tenant)
 

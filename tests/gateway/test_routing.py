@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -15,55 +15,27 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
 from bench.mock_upstream import MockMode, MockServerThread
-from gateway.app import create_app
+from tests.gateway.support import CHAT_MODEL as MODEL
 from tests.gateway.support import (
+    GatewayWorld,
     admin_key,
     assert_error,
     bearer,
-    in_process,
-    mock_servers,
     ok,
+    priced_deployment,
     seed_tenant,
-    settings,
+    serve_world,
 )
 
-MODEL = "chat"
+MOCKS = ("a", "b", "big", "eco", "prem")
 COOLDOWN_S = 3.0  # long enough that a loaded machine never sees it lapse by accident
 
 
-@pytest.fixture(scope="module")
-def mocks() -> Iterator[dict[str, MockServerThread]]:
-    with mock_servers("a", "b", "big", "eco", "prem") as servers:
-        yield servers
-
-
-@pytest.fixture(autouse=True)
-def healthy_mocks(mocks) -> None:
-    for server in mocks.values():
-        server.mock.reset()
-
-
-def upstream(name: str, mock: MockServerThread, *, price: str, **more: Any) -> dict[str, Any]:
-    return {"name": name, "model_name": MODEL, "provider": "openai", "base_url": mock.base_url,
-            "api_key": f"sk-{name}-secret", "upstream_model": f"up-{name}",
-            "input_price_per_1m": price, "output_price_per_1m": price, **more}
-
-
 @dataclass
-class World:
-    client: httpx.AsyncClient
-    key: str
+class World(GatewayWorld):
     admin: dict[str, str]
-    mocks: dict[str, MockServerThread]
-
-    async def chat(self, content: str = "hi", model: str = MODEL, *, key: str | None = None,
-                   headers: dict[str, str] | None = None, **extra: Any) -> httpx.Response:
-        body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
-        return await self.client.post("/v1/chat/completions", json=body,
-                                      headers={**bearer(key or self.key), **(headers or {})})
 
     def requests(self, name: str) -> int:
         return self.mocks[name].mock.stats.requests
@@ -73,28 +45,24 @@ class World:
 
 
 @pytest.fixture
-async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[World]:
-    routing = {
-        "deployments": [
-            upstream("a", mocks["a"], price="1", timeout_s=2),
-            upstream("b", mocks["b"], price="2"),
-            upstream("big", mocks["big"], price="5", context_window=100_000),
-            {**upstream("eco", mocks["eco"], price="0.5"), "model_name": "eco-model",
-             "tier": "economy"},
-            {**upstream("prem", mocks["prem"], price="9"), "model_name": "prem-model",
-             "tier": "premium"},
-        ],
-        "aliases": [{"name": "b-first", "deployments": ["b", "a"], "policy": "ordered"}],
-    }
-    path = tmp_path / "routing.yaml"
-    path.write_text(yaml.safe_dump(routing))
-    cfg = settings(sqlite_url, tmp_path, deployments_file=path, breaker_failure_threshold=2,
-                   breaker_window_s=30, breaker_cooldown_s=COOLDOWN_S, route_max_attempts=3,
-                   route_budget_s=10)
-    seeded = await seed_tenant(sqlite_url, tmp_path, name="initech")
+async def world(sqlite_url, tmp_path, mocks: dict[str, MockServerThread]
+                ) -> AsyncIterator[World]:
+    deployments = [
+        priced_deployment("a", mocks["a"], price="1", timeout_s=2),
+        priced_deployment("b", mocks["b"], price="2"),
+        priced_deployment("big", mocks["big"], price="5", context_window=100_000),
+        priced_deployment("eco", mocks["eco"], price="0.5", model_name="eco-model",
+                          tier="economy"),
+        priced_deployment("prem", mocks["prem"], price="9", model_name="prem-model",
+                          tier="premium"),
+    ]
+    aliases = [{"name": "b-first", "deployments": ["b", "a"], "policy": "ordered"}]
     admin = bearer(await admin_key(sqlite_url, tmp_path))
-    async with in_process(create_app(cfg)) as client:
-        yield World(client, seeded.key, admin, mocks)
+    async with serve_world(World, sqlite_url, tmp_path, mocks, deployments, aliases=aliases,
+                           fields={"admin": admin}, breaker_failure_threshold=2,
+                           breaker_window_s=30, breaker_cooldown_s=COOLDOWN_S,
+                           route_max_attempts=3, route_budget_s=10) as w:
+        yield w
 
 
 def served_by(r: httpx.Response) -> tuple[str, int]:
@@ -170,18 +138,14 @@ async def test_client_errors_are_not_retried(world):
 
 
 async def test_the_total_time_is_bounded(sqlite_url, tmp_path, mocks):
-    routing = {"deployments": [upstream(n, mocks[n], price=str(i + 1)) for i, n in
-                               enumerate(("a", "b", "big"))]}
-    path = tmp_path / "slow.yaml"
-    path.write_text(yaml.safe_dump(routing))
+    deployments = [priced_deployment(n, mocks[n], price=str(i + 1)) for i, n in
+                   enumerate(("a", "b", "big"))]
     for name in ("a", "b", "big"):
         mocks[name].mock.mode = MockMode(delay_ms=3000)
-    seeded = await seed_tenant(sqlite_url, tmp_path, name="hurried")
-    cfg = settings(sqlite_url, tmp_path, deployments_file=path, route_budget_s=1.0)
-    async with in_process(create_app(cfg)) as client:
+    async with serve_world(GatewayWorld, sqlite_url, tmp_path, mocks, deployments,
+                           route_budget_s=1.0) as w:
         started = time.monotonic()
-        r = await client.post("/v1/chat/completions", headers=bearer(seeded.key), json={
-            "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        r = await w.chat()
         elapsed = time.monotonic() - started
     assert_error(r, 504, code="upstream_timeout")
     assert elapsed < 2.5
@@ -263,7 +227,7 @@ async def test_a_prompt_too_long_for_every_window_is_a_400(world):
 
 async def test_stream_falls_back_before_the_first_byte(world):
     world.mocks["a"].mock.mode = MockMode(cut_after_events=0)
-    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=world.key,
+    client = openai.AsyncOpenAI(base_url="http://gateway/v1", api_key=world.tenant.key,
                                 http_client=world.client, max_retries=0)
     raw = await client.chat.completions.with_raw_response.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
@@ -275,7 +239,7 @@ async def test_stream_falls_back_before_the_first_byte(world):
 
 async def test_never_retries_after_streamed_tokens(world):
     world.mocks["a"].mock.mode = MockMode(cut_after_events=3, chunk_delay_ms=20)
-    async with world.client.stream("POST", "/v1/chat/completions", headers=bearer(world.key),
+    async with world.client.stream("POST", "/v1/chat/completions", headers=bearer(world.tenant.key),
                                    json={"model": MODEL, "stream": True, "messages": [
                                        {"role": "user", "content": "hi"}]}) as r:
         assert r.headers["x-switchboard-deployment"] == "a"
@@ -292,29 +256,21 @@ async def test_never_retries_after_streamed_tokens(world):
 
 
 async def test_litellm_deployments_route_and_fall_back(sqlite_url, tmp_path, mocks):
-    routing = {"deployments": [
+    deployments = [
         {"name": "via-litellm", "model_name": MODEL, "provider": "litellm",
          "upstream_model": "openai/mock-model", "base_url": mocks["a"].base_url,
          "api_key": "sk-litellm-secret", "input_price_per_1m": "1", "output_price_per_1m": "1"},
-        upstream("b", mocks["b"], price="2")]}
-    path = tmp_path / "litellm.yaml"
-    path.write_text(yaml.safe_dump(routing))
-    seeded = await seed_tenant(sqlite_url, tmp_path, name="litellm-user")
-    async with in_process(create_app(settings(sqlite_url, tmp_path,
-                                              deployments_file=path))) as client:
-        async def chat() -> httpx.Response:
-            return await client.post("/v1/chat/completions", headers=bearer(seeded.key), json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
-
-        r = await chat()
+        priced_deployment("b", mocks["b"], price="2")]
+    async with serve_world(GatewayWorld, sqlite_url, tmp_path, mocks, deployments) as w:
+        r = await w.chat()
         assert served_by(r) == ("via-litellm", 1)
         assert r.json()["choices"][0]["message"]["content"] == "Hello from the mock upstream."
         assert mocks["a"].mock.last_request["headers"]["authorization"] == (
             "Bearer sk-litellm-secret")
         mocks["a"].mock.mode = MockMode(status=503)
-        assert served_by(await chat()) == ("b", 2)
+        assert served_by(await w.chat()) == ("b", 2)
         mocks["a"].mock.mode = MockMode(status=429, retry_after="3")
-        assert served_by(await chat()) == ("b", 2)
+        assert served_by(await w.chat()) == ("b", 2)
 
 
 # --- admin edits --------------------------------------------------------------------------

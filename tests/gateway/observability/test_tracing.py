@@ -5,76 +5,43 @@ and no prompt text or keys in any attribute."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-import httpx
 import pytest
-import yaml
-from fastapi import FastAPI
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from bench.mock_upstream import MockMode, MockServerThread
-from gateway.app import create_app
+from tests.gateway.support import CHAT_MODEL as MODEL
 from tests.gateway.support import (
-    Seeded,
+    GatewayWorld,
     bearer,
-    in_process,
-    mock_servers,
     ok,
-    seed_tenant,
-    settings,
+    priced_deployment,
+    serve_world,
 )
 from workers.telemetry import make_tracer_provider
 
-MODEL = "chat"
+MOCKS = ("a", "b")
 PROMPT = "The secret plans of Atlantis, in detail"
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
 STEPS = ("auth", "route", "prepare", "limits", "cache")
 
 
-@pytest.fixture(scope="module")
-def mocks() -> Iterator[dict[str, MockServerThread]]:
-    with mock_servers("a", "b") as servers:
-        yield servers
-
-
-@pytest.fixture(autouse=True)
-def healthy_mocks(mocks) -> None:
-    for server in mocks.values():
-        server.mock.reset()
-
-
 @dataclass
-class World:
-    client: httpx.AsyncClient
-    app: FastAPI
-    tenant: Seeded
-    mocks: dict[str, MockServerThread]
+class World(GatewayWorld):
     exporter: InMemorySpanExporter
-
-    async def chat(self, content: str = PROMPT, headers: dict[str, str] | None = None,
-                   **extra: Any) -> httpx.Response:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
-        return await self.client.post("/v1/chat/completions", json=body,
-                                      headers={**bearer(self.tenant.key), **(headers or {})})
+    prompt: ClassVar[str] = PROMPT
 
     def spans(self) -> list[ReadableSpan]:
         return list(self.exporter.get_finished_spans())
-
-
-def upstream(name: str, mock: MockServerThread, price: str) -> dict[str, Any]:
-    return {"name": name, "model_name": MODEL, "provider": "openai", "base_url": mock.base_url,
-            "api_key": f"sk-{name}-upstream-secret", "upstream_model": f"up-{name}",
-            "input_price_per_1m": price, "output_price_per_1m": price}
 
 
 def in_memory_provider(exporter: InMemorySpanExporter) -> TracerProvider:
@@ -87,24 +54,23 @@ def in_memory_provider(exporter: InMemorySpanExporter) -> TracerProvider:
 @asynccontextmanager
 async def make_world(sqlite_url: str, tmp_path, mocks, *, traced: bool = True,
                      **overrides: Any) -> AsyncIterator[World]:
-    path = tmp_path / "routing.yaml"
-    path.write_text(yaml.safe_dump({"deployments": [upstream("a", mocks["a"], "1"),
-                                                    upstream("b", mocks["b"], "2")]}))
-    cfg = settings(sqlite_url, tmp_path, deployments_file=path, **overrides)
-    tenant = await seed_tenant(sqlite_url, tmp_path, name="acme")
     exporter = InMemorySpanExporter()
     provider = in_memory_provider(exporter) if traced else None
-    app = create_app(cfg, tracer_provider=provider)
+    deployments = [priced_deployment("a", mocks["a"], "1"),
+                   priced_deployment("b", mocks["b"], "2")]
     try:
-        async with in_process(app) as client:
-            yield World(client, app, tenant, mocks, exporter)
+        async with serve_world(World, sqlite_url, tmp_path, mocks, deployments,
+                               app_kwargs={"tracer_provider": provider},
+                               fields={"exporter": exporter}, **overrides) as w:
+            yield w
     finally:
         if provider is not None:
             provider.shutdown()
 
 
 @pytest.fixture
-async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[World]:
+async def world(sqlite_url, tmp_path, mocks: dict[str, MockServerThread]
+                ) -> AsyncIterator[World]:
     async with make_world(sqlite_url, tmp_path, mocks) as w:
         yield w
 
@@ -254,7 +220,7 @@ async def test_refusals_and_bad_keys_are_traced_without_secrets(world):
 
 async def test_cache_hits_have_no_dispatch(world):
     ok(await world.chat(temperature=0))
-    await asyncio.gather(*world.app.state.gateway.background)  # the answer is stored
+    await world.settled()  # the answer is stored
     world.exporter.clear()
     r = await world.chat(temperature=0)
     assert r.headers["x-cache"] == "hit"
