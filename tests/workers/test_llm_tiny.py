@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from tests.conftest import build_tiny_llama
 from tests.workers.hf_reference import hf_greedy, hf_model
@@ -120,11 +121,13 @@ def test_tpot_counts_positions_not_tokens_over_n_samples(tiny_llama_path):
 
 
 def test_triton_decode_kernel_matches_hf(tiny_llama_path, reference):
-    """The Triton decode kernel (interpreted on CPU) through the whole engine, with a budget
-    small enough that decodes and prefill chunks share steps."""
+    """The Triton decode kernel through the whole engine (on the GPU where there is one, else
+    interpreted on CPU), float32 like the reference, with a budget small enough that decodes
+    and prefill chunks share steps."""
     prompts, expected = reference
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
-              attention_backend="triton")
+              attention_backend="triton", device=device, dtype="float32")
     assert llm.engine.runner.attention_backend == "triton"
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected

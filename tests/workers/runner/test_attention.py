@@ -53,7 +53,16 @@ def run(q, k, v, k_cache, v_cache, batch, group, device=CPU, backend="torch"):
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
-BACKENDS = ["torch", "triton"]  # triton: Triton's interpreter on CPU, the kernel on CUDA
+BACKENDS = ["torch", "triton"]
+# The kernel runs on the GPU where there is one, else in Triton's interpreter on CPU tensors.
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def on_backend_device(backend, q, k, v, k_cache, v_cache, batch, group):
+    """Run `run` where the backend runs (float32 either way) and bring the result back."""
+    device = KERNEL_DEVICE if backend == "triton" else CPU
+    tensors = (t.to(device) for t in (q, k, v, k_cache, v_cache))
+    return run(*tensors, batch, group, device, backend=backend).cpu()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -69,7 +78,9 @@ BACKENDS = ["torch", "triton"]  # triton: Triton's interpreter on CPU, the kerne
 )
 def test_batched_attention_equals_reference(seqs, backend):
     q, k, v, k_cache, v_cache, batch, group = build(seqs)
-    out = run(q, k, v, k_cache, v_cache, batch, group, backend=backend)
+    out = on_backend_device(backend, q, k, v, k_cache, v_cache, batch, group)
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, CPU)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -107,7 +118,9 @@ def test_decode_kernel_gets_one_padded_int32_table():
 def test_decode_kernel_head_dim_and_group_need_no_power_of_two():
     q, k, v, k_cache, v_cache, batch, _ = build(
         [(i * 7 % 50, 1) for i in range(6)], num_heads=6, num_kv_heads=1, head_dim=24)
-    out = run(q, k, v, k_cache, v_cache, batch, 6, backend="triton")
+    out = on_backend_device("triton", q, k, v, k_cache, v_cache, batch, 6)
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], 6, CPU)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
