@@ -55,12 +55,38 @@ class PrefillChunk:
     mask: torch.Tensor | None  # [group * q_len, context] additive; None for a chunk at 0
 
 
+class GatherWorkspace:
+    """Two buffers (K and V) that every gather of a runner writes into, grown on demand.
+
+    A gathered context is megabytes; a fresh tensor per call is fresh pages from the OS on
+    CPU, and faulting them in cost as much as the copy itself (a decode step's attention ran
+    about 2x faster with reused buffers). Each gather is consumed by SDPA before the next one.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def gather(self, name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
+        """`cache`'s (block, head) `pieces` as `[pieces * block_size, dim]`."""
+        _, _, block_size, head_dim = cache.shape
+        width, n = block_size * head_dim, pieces.numel()
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < n or buf.shape[1] != width or buf.dtype != cache.dtype:
+            buf = torch.empty(max(n, 0 if buf is None else 2 * buf.shape[0]), width,
+                              dtype=cache.dtype, device=cache.device)
+            self._buffers[name] = buf
+        out = buf[:n]
+        torch.index_select(cache.view(-1, width), 0, pieces, out=out)
+        return out.view(-1, head_dim)
+
+
 @dataclass
 class AttentionMetadata:
     write_rows: torch.Tensor  # [num_tokens * kv_heads] each new token's rows in the flat pool
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
     decode_batch: DecodeBatch | None = None
+    workspace: GatherWorkspace | None = None  # None: each gather gets a fresh tensor
 
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
@@ -71,6 +97,7 @@ DECODE_GROUP_ROWS = 16
 def build_metadata(
     seqs: list[tuple[int, int, list[int]]], block_size: int, num_kv_heads: int, group: int,
     device: torch.device, dtype: torch.dtype = torch.float32, *, decode_kernel: bool = False,
+    workspace: GatherWorkspace | None = None,
 ) -> AttentionMetadata:
     """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
     by context length. Index tensors are built on the CPU and moved once. With
@@ -121,6 +148,7 @@ def build_metadata(
         decode_groups=groups,
         prefills=prefills,
         decode_batch=decode_batch,
+        workspace=workspace,
     )
 
 
@@ -185,34 +213,37 @@ def paged_attention(
         batch = meta.decode_batch
         parts.append(paged_decode(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
                                   batch.seq_lens, scale, block_size))
+    gather = meta.workspace.gather if meta.workspace is not None else _gather
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
-        parts.append(_decode(q[rows], k_cache, v_cache, group, scale, block_size))
+        k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
+        parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale))
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
             parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
         else:
             assert chunk.mask is not None
-            ctx_k, ctx_v = _gather(k_cache, chunk.pieces), _gather(v_cache, chunk.pieces)
+            ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-    scale: float, block_size: int,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: DecodeGroup, scale: float,
 ) -> torch.Tensor:
+    """k, v: the group's gathered pieces, [rows * kv_heads * blocks * block_size, dim]."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
-    k = _gather(k_cache, group.pieces).view(batch, num_kv_heads, -1, head_dim)
-    v = _gather(v_cache, group.pieces).view(batch, num_kv_heads, -1, head_dim)
+    context = group.mask.shape[-1]  # the padded width: whole blocks
+    k = k.view(batch, -1, context, head_dim)
+    v = v.view(batch, -1, context, head_dim)
+    num_kv_heads = k.shape[1]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)
     return o.reshape(batch, num_heads, head_dim)
 
 
-def _gather(cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
+def _gather(_name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
     """[pieces * block_size, dim]: whole (block, head) pieces, each one contiguous run.
 
     One `index_select` of whole pieces is several times faster than per-token indexing on CPU.

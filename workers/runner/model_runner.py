@@ -19,7 +19,7 @@ import torch
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import kv_cache
-from workers.runner.attention import AttentionMetadata, build_metadata
+from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
@@ -107,6 +107,7 @@ class ModelRunner:
         self.max_lora_rank = max_lora_rank
         self.lora_slots = lora_slots
         self.attention_backend = attention_backend
+        self.workspace = GatherWorkspace()
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -197,7 +198,7 @@ class ModelRunner:
         meta = build_metadata(
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
             self.block_size, self.num_kv_heads, self.group, self.device, self.dtype,
-            decode_kernel=self.attention_backend == "triton",
+            decode_kernel=self.attention_backend == "triton", workspace=self.workspace,
         )
         device = self.device
         return (

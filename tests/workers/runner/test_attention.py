@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from workers.runner.attention import (
+    GatherWorkspace,
     build_metadata,
     paged_attention,
     reference_attention,
@@ -83,6 +84,20 @@ def test_batched_attention_equals_reference(seqs, backend):
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_one_workspace_serves_every_gather_of_a_step_and_the_next():
+    """Three decode groups and two cached prefill chunks all gather into the same two buffers:
+    each gather must be consumed before the next overwrites it."""
+    seqs = [(i * 5 % 61, 1) for i in range(40)] + [(6, 5), (30, 9)]
+    q, k, v, k_cache, v_cache, batch, group = build(seqs)
+    workspace = GatherWorkspace()
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, CPU, workspace=workspace)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
+    for _ in range(2):
+        out = paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_decode_rows_are_grouped_by_length():
