@@ -14,7 +14,8 @@ against the per-head float32 reference on one small case per shape (`max err`).
 
 Usage: .venv/bin/python bench/attention_kernels.py [--device cuda] [--batches 1,8,32,64]
        [--contexts 256,1024,4096] [--shapes smollm2,llama-1b]
-Prints a table last and writes bench/results/attention_kernels-<device>.json.
+Prints a table last and writes bench/results/attention_kernels-<device>.json (a run narrower
+than the defaults writes the git-ignored ...-smoke.json instead).
 """
 
 from __future__ import annotations
@@ -146,7 +147,10 @@ def main() -> int:
         "max_error_vs_reference": errors, "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"attention_kernels-{device.type}.json"
+    # only the full default grid is the recorded result; a narrower run is a git-ignored smoke
+    full = all(getattr(args, k) == parser.get_default(k)
+               for k in ("shapes", "batches", "contexts", "iters"))
+    out = RESULTS / f"attention_kernels-{device.type}{'' if full else '-smoke'}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     print(f"\nwrote {out.relative_to(ROOT)}")
