@@ -68,8 +68,8 @@ def make_case(
             "kv_bytes": 2 * batch * context * kv_heads * dim * k_cache.element_size()}
 
 
-def attend(case: dict[str, Any], backend: str, device: torch.device) -> tuple[Any, Any]:
-    """A closure running one decode step's attention, and its metadata (built once, untimed)."""
+def attend(case: dict[str, Any], backend: str, device: torch.device) -> Any:
+    """A closure running one decode step's attention; its metadata is built once, untimed."""
     q = case["q"]
     meta = build_metadata(case["seqs"], BLOCK, case["k_cache"].shape[1], case["group"], device,
                           q.dtype,
@@ -79,7 +79,7 @@ def attend(case: dict[str, Any], backend: str, device: torch.device) -> tuple[An
     def call() -> torch.Tensor:
         return paged_attention(q, q, q, case["k_cache"], case["v_cache"], meta, scale, BLOCK)
 
-    return call, meta
+    return call
 
 
 def time_call(call: Any, device: torch.device, iters: int) -> float:
@@ -101,7 +101,7 @@ def time_call(call: Any, device: torch.device, iters: int) -> float:
 def max_error(shape: tuple[int, int, int], backend: str, dtype: torch.dtype,
               device: torch.device) -> float:
     case = make_case(shape, 8, 300, dtype, device, seed=1)
-    call, _ = attend(case, backend, device)
+    call = attend(case, backend, device)
     out = call().float().cpu()
     rows = [(i, 1, start, table) for i, (start, _, table) in enumerate(case["seqs"])]
     ref = reference_attention(case["q"].float().cpu(), case["k_cache"].float().cpu(),
@@ -130,7 +130,7 @@ def main() -> int:
             for context in (int(c) for c in args.contexts.split(",")):
                 case = make_case(shape, batch, context, dtype, device)
                 for backend in backends:
-                    call, _ = attend(case, backend, device)
+                    call = attend(case, backend, device)
                     seconds = time_call(call, device, args.iters)
                     gb_s = case["kv_bytes"] / seconds / 1e9
                     rows.append({
