@@ -94,6 +94,8 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--max-cpu-loras", type=int, default=None)
     worker.add_argument("--attention-backend", choices=("auto", "torch", "triton"),
                         default="auto", help="decode attention (auto: the Triton kernel on CUDA)")
+    worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn"),
+                        default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
     worker.add_argument("--worker-id", default=None, help="default: host:port")
     worker.add_argument("--register-redis", default=None, metavar="URL",
                         help="announce this worker in Redis with heartbeats (gateway discovery)")
@@ -117,6 +119,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
+        linear_backend=args.linear_backend,
     )
     scheme = "https" if args.ssl_certfile else "http"
     advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"

@@ -25,6 +25,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton (the decode kernel; auto on CUDA)
+    linear_backend: str = "auto"  # auto | torch | onednn (projections' GEMM; auto on CPU)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

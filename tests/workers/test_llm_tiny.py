@@ -10,6 +10,7 @@ import torch
 from tests.conftest import build_tiny_llama
 from tests.workers.hf_reference import hf_greedy, hf_model
 from workers import LLM, SamplingParams
+from workers.runner.linear import onednn_available
 
 MAX_NEW = 24
 
@@ -129,5 +130,18 @@ def test_triton_decode_kernel_matches_hf(tiny_llama_path, reference):
     llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
               attention_backend="triton", device=device, dtype="float32")
     assert llm.engine.runner.attention_backend == "triton"
+    outputs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outputs] == expected
+
+
+@pytest.mark.parametrize("backend", ["torch", "onednn"])
+def test_each_linear_backend_matches_hf(tiny_llama_path, reference, backend):
+    """Both projection GEMMs on CPU (auto picks oneDNN there), token for token."""
+    if backend == "onednn" and not onednn_available():
+        pytest.skip("PyTorch built without oneDNN")
+    prompts, expected = reference
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
+              linear_backend=backend, device="cpu", dtype="float32")
+    assert llm.engine.runner.linear_backend == backend
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected

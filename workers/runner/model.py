@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
+from workers.runner.linear import Linear, LinearKernel
 from workers.runner.lora import LoRABatch
 from workers.runner.rope import RotaryEmbedding, apply_rotary
 
@@ -45,8 +46,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
         self.scale = self.head_dim**-0.5
 
     def forward(
@@ -79,8 +80,8 @@ class MLP(nn.Module):
         self.layer_idx = layer_idx
         bias = bool(getattr(config, "mlp_bias", False))
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=bias)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
 
@@ -127,7 +128,15 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.linear_kernel: LinearKernel = F.linear
+
+    def use_linear_kernel(self, kernel: LinearKernel) -> None:
+        """Route every projection, the LM head included, through `kernel`."""
+        self.linear_kernel = kernel
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.kernel = kernel
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -143,4 +152,4 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.linear_kernel(hidden, weight, None).float()

@@ -20,6 +20,7 @@ from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import kv_cache
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
+from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
@@ -38,6 +39,7 @@ class RunnerConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     attention_backend: str = "auto"
+    linear_backend: str = "auto"
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -90,7 +92,7 @@ class ModelRunner:
         self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
         *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
-        attention_backend: str = "torch",
+        attention_backend: str = "torch", linear_backend: str = "torch",
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -107,6 +109,7 @@ class ModelRunner:
         self.max_lora_rank = max_lora_rank
         self.lora_slots = lora_slots
         self.attention_backend = attention_backend
+        self.linear_backend = linear_backend  # what the model's projections already use
         self.workspace = GatherWorkspace()
 
     @classmethod
@@ -121,6 +124,8 @@ class ModelRunner:
         model.requires_grad_(False)
         load_weights(model, config.model_path)
         model.eval()
+        linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
+        model.use_linear_kernel(linear_kernel(linear_backend))
         head_dim = model.layers[0].self_attn.head_dim
         backend = pick_attention_backend(
             config.attention_backend, config.device, config.block_size, head_dim)
@@ -150,7 +155,7 @@ class ModelRunner:
         )
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
                    lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
-                   attention_backend=backend)
+                   attention_backend=backend, linear_backend=linear_backend)
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""

@@ -1,0 +1,94 @@
+"""The oneDNN projection kernel: same numbers as `F.linear`, picked only where it can run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from workers.runner.linear import Linear, onednn_available, onednn_linear, pick_linear_backend
+from workers.runner.model import LlamaModel
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="PyTorch built without oneDNN")
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [0, 1, 2, 7, 64, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_linear_matches_f_linear(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=gen)
+    weight = torch.randn(160, 96, generator=gen)
+    b = torch.randn(160, generator=gen) if bias else None
+    out = onednn_linear(x, weight, b)
+    assert out.shape == (rows, 160)
+    torch.testing.assert_close(out, F.linear(x, weight, b), rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_onednn_linear_reads_strided_inputs_and_bfloat16():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 192, generator=gen)[:, ::2]  # every other column: not contiguous
+    weight = torch.randn(32, 96, generator=gen)
+    torch.testing.assert_close(onednn_linear(x, weight), F.linear(x, weight),
+                               rtol=1e-5, atol=1e-4)
+    xb, wb = x.bfloat16(), weight.bfloat16()
+    torch.testing.assert_close(onednn_linear(xb, wb).float(), F.linear(xb, wb).float(),
+                               rtol=2e-2, atol=2e-2)
+
+
+@needs_onednn
+def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
+    """Seeded sampling must not change with batch mates; a row's product must not either."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(64, 576, generator=gen)
+    weight = torch.randn(960, 576, generator=gen)
+    full = onednn_linear(x, weight)
+    for rows in (2, 7, 16, 33):
+        assert torch.equal(onednn_linear(x[:rows].contiguous(), weight), full[:rows])
+
+
+def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
+    expected = "onednn" if onednn_available() else "torch"
+    assert pick_linear_backend("auto", CPU, torch.float32) == expected
+    assert pick_linear_backend("auto", CPU, torch.bfloat16) == expected
+    assert pick_linear_backend("auto", CPU, torch.float64) == "torch"
+    assert pick_linear_backend("auto", CUDA, torch.bfloat16) == "torch"
+    assert pick_linear_backend("torch", CPU, torch.float32) == "torch"
+
+
+@pytest.mark.parametrize(
+    ("name", "device", "dtype", "match"),
+    [
+        ("mkl", CPU, torch.float32, "must be one of auto, torch, onednn"),
+        ("onednn", CUDA, torch.bfloat16, "needs a CPU device"),
+        ("onednn", CPU, torch.float64, "float32 or bfloat16"),
+    ],
+)
+def test_impossible_backends_are_refused(name, device, dtype, match):
+    with pytest.raises(ValueError, match=match):
+        pick_linear_backend(name, device, dtype)
+
+
+def test_use_linear_kernel_routes_every_projection_and_the_tied_head():
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    model = LlamaModel(config, max_positions=64)
+    calls: list[tuple[int, ...]] = []
+
+    def counting(x, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        return F.linear(x, weight, bias)
+
+    model.use_linear_kernel(counting)
+    projections = [m for m in model.modules() if isinstance(m, Linear)]
+    assert len(projections) == 2 * 4  # qkv, o, gate_up, down per layer; the head is tied
+    assert all(m.kernel is counting for m in projections)
+    x = torch.randn(3, 64)
+    model.layers[0].mlp(x, None)
+    model.compute_logits(x)
+    assert calls == [(256, 64), (64, 128), (300, 64)]
