@@ -1,4 +1,4 @@
-"""Decode attention over the paged pool: the torch backend vs the Triton kernel vs the reference.
+"""Decode attention over the paged pool: the torch backend vs the in-place kernels.
 
 For each model shape, batch size and context length, one decode step's attention (one query
 token per sequence, contexts scattered over a shuffled pool) is timed for:
@@ -6,11 +6,13 @@ token per sequence, contexts scattered over a shuffled pool) is timed for:
 - `torch`: the CPU/portable path, one `index_select` of whole (block, head) pieces + SDPA per
   length group;
 - `triton`: `workers/runner/triton_decode.py`, which reads K/V in place (CUDA only; on CPU
-  Triton only interprets, which says nothing about speed).
+  Triton only interprets, which says nothing about speed);
+- `cpu`: `workers/runner/cpu_decode.py`, the C kernel that reads K/V in place (CPU only).
 
 Reported: microseconds per call (median), the K/V bytes each call must read, the bandwidth
-that makes, and its share of a measured device-to-device copy. Each system's output is checked
-against the per-head float32 reference on one small case per shape (`max err`).
+that makes, and its share of a measured copy (device-to-device on CUDA, memory on CPU). Each
+system's output is checked against the per-head float32 reference on one small case per shape
+(`max err`).
 
 Usage: .venv/bin/python bench/attention_kernels.py [--device cuda] [--batches 1,8,32,64]
        [--contexts 256,1024,4096] [--shapes smollm2,llama-1b]
@@ -72,8 +74,7 @@ def attend(case: dict[str, Any], backend: str, device: torch.device) -> Any:
     """A closure running one decode step's attention; its metadata is built once, untimed."""
     q = case["q"]
     meta = build_metadata(case["seqs"], BLOCK, case["k_cache"].shape[1], case["group"], device,
-                          q.dtype,
-                          decode_kernel=backend == "triton")
+                          q.dtype, decode_kernel=None if backend == "torch" else backend)
     scale = q.shape[-1] ** -0.5
 
     def call() -> torch.Tensor:
@@ -119,8 +120,8 @@ def main() -> int:
     args = parser.parse_args()
     device = torch.device(args.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    backends = ["torch", "triton"] if device.type == "cuda" else ["torch"]
-    copy_bw = measure_copy_bandwidth(args.device) if device.type == "cuda" else None
+    backends = ["torch", "triton"] if device.type == "cuda" else ["torch", "cpu"]
+    copy_bw = measure_copy_bandwidth(args.device)
     rows: list[dict[str, Any]] = []
     errors: dict[str, dict[str, float]] = {}
     for shape_name in args.shapes.split(","):

@@ -92,8 +92,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--max-loras", type=int, default=4)
     worker.add_argument("--max-lora-rank", type=int, default=16)
     worker.add_argument("--max-cpu-loras", type=int, default=None)
-    worker.add_argument("--attention-backend", choices=("auto", "torch", "triton"),
-                        default="auto", help="decode attention (auto: the Triton kernel on CUDA)")
+    worker.add_argument("--attention-backend", choices=("auto", "torch", "triton", "cpu"),
+                        default="auto",
+                        help="decode attention (auto: Triton on CUDA, the C kernel on CPU)")
     worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn"),
                         default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
     worker.add_argument("--worker-id", default=None, help="default: host:port")

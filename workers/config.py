@@ -24,7 +24,7 @@ class EngineArgs:
     max_loras: int = 4  # adapters resident on the device at once
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
-    attention_backend: str = "auto"  # auto | torch | triton (the decode kernel; auto on CUDA)
+    attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
     linear_backend: str = "auto"  # auto | torch | onednn (projections' GEMM; auto on CPU)
 
     @classmethod

@@ -145,3 +145,15 @@ def test_each_linear_backend_matches_hf(tiny_llama_path, reference, backend):
     assert llm.engine.runner.linear_backend == backend
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_each_cpu_attention_backend_matches_hf(tiny_llama_path, reference, backend):
+    """Gather + SDPA and the C kernel (auto picks it on CPU), with decodes and prefill chunks
+    sharing steps."""
+    prompts, expected = reference
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
+              attention_backend=backend, device="cpu", dtype="float32")
+    assert llm.engine.runner.attention_backend == backend
+    outputs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outputs] == expected

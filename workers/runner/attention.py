@@ -9,8 +9,9 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
 
 - Decode rows (one query token each) come first in the batch. The torch backend serves them
   in groups of similar context length, so little padding is read: each group gathers whole
-  blocks of its sequences into one padded tensor and makes one SDPA call. The triton backend
-  (`triton_decode`) serves them all with one kernel that reads the pool in place.
+  blocks of its sequences into one padded tensor and makes one SDPA call. The kernel backends
+  serve them all with one call that reads the pool in place: `triton` on CUDA
+  (`triton_decode`), `cpu` on CPU (`cpu_decode`, a C kernel).
 - A prefill chunk that starts at position 0 attends only to its own fresh K/V: causal SDPA,
   nothing read from the pool. A later chunk gathers its context and uses an explicit mask.
 
@@ -20,6 +21,7 @@ are never repeated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,8 +40,9 @@ class DecodeGroup:
 
 @dataclass
 class DecodeBatch:
-    """All decode rows [0, num_rows) for the in-place kernel: int32 tables and lengths."""
+    """All decode rows [0, num_rows) for an in-place kernel: int32 tables and lengths."""
 
+    kernel: str  # "triton" | "cpu"
     num_rows: int
     block_tables: torch.Tensor  # [num_rows, max_blocks], padded with block 0
     seq_lens: torch.Tensor  # [num_rows], context including the new token
@@ -96,12 +99,13 @@ DECODE_GROUP_ROWS = 16
 
 def build_metadata(
     seqs: list[tuple[int, int, list[int]]], block_size: int, num_kv_heads: int, group: int,
-    device: torch.device, dtype: torch.dtype = torch.float32, *, decode_kernel: bool = False,
+    device: torch.device, dtype: torch.dtype = torch.float32, *, decode_kernel: str | None = None,
     workspace: GatherWorkspace | None = None,
 ) -> AttentionMetadata:
     """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
-    by context length. Index tensors are built on the CPU and moved once. With
-    `decode_kernel`, decode rows get one `DecodeBatch` instead of SDPA groups.
+    by context length. Index tensors are built on the CPU and moved once. With a
+    `decode_kernel` ("triton" or "cpu"), decode rows get one `DecodeBatch` for it instead of
+    SDPA groups.
 
     Masks are additive (0 / -inf) in the model dtype: SDPA is faster with them than with
     boolean masks on CPU.
@@ -114,7 +118,7 @@ def build_metadata(
     decodes = seqs[:num_decodes]
     decode_batch = None
     if decode_kernel and decodes:
-        decode_batch = _decode_batch(decodes, bs, device)
+        decode_batch = _decode_batch(decode_kernel, decodes, bs, device)
     groups = []
     for first in range(0, 0 if decode_kernel else num_decodes, DECODE_GROUP_ROWS):
         rows = decodes[first : first + DECODE_GROUP_ROWS]
@@ -153,11 +157,13 @@ def build_metadata(
 
 
 def _decode_batch(
-    decodes: list[tuple[int, int, list[int]]], block_size: int, device: torch.device,
+    kernel: str, decodes: list[tuple[int, int, list[int]]], block_size: int,
+    device: torch.device,
 ) -> DecodeBatch:
     lens = [start + 1 for start, _, _ in decodes]
     tables = _padded_tables(decodes, -(-max(lens) // block_size), torch.int32)
     return DecodeBatch(
+        kernel=kernel,
         num_rows=len(decodes),
         block_tables=tables.to(device, non_blocking=True),
         seq_lens=torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True),
@@ -208,11 +214,10 @@ def paged_attention(
     """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled."""
     parts = []
     if meta.decode_batch is not None:
-        from workers.runner.triton_decode import paged_decode
-
         batch = meta.decode_batch
-        parts.append(paged_decode(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
-                                  batch.seq_lens, scale, block_size))
+        kernel = _decode_kernel(batch.kernel)
+        parts.append(kernel(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
+                            batch.seq_lens, scale, block_size))
     gather = (meta.workspace or GatherWorkspace()).gather
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
@@ -227,6 +232,15 @@ def paged_attention(
             ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _decode_kernel(name: str) -> Callable[..., torch.Tensor]:
+    """Imported on first use: Triton is only imported where it runs."""
+    if name == "triton":
+        from workers.runner.triton_decode import paged_decode
+    else:
+        from workers.runner.cpu_decode import paged_decode
+    return paged_decode
 
 
 def _decode(

@@ -18,7 +18,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import kv_cache
+from workers.runner import cpu_decode, kv_cache
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
@@ -57,28 +57,43 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
             "float64": torch.float64}[dtype]
 
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 
 
 def pick_attention_backend(
-    name: str, device: torch.device, block_size: int, head_dim: int,
+    name: str, device: torch.device, block_size: int, head_dim: int, *, group: int = 1,
+    dtype: torch.dtype = torch.float32,
 ) -> str:
-    """`auto` is the Triton decode kernel on CUDA when Triton is there, else torch.
+    """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
+    there, the C kernel on CPU (float32) when there is a C compiler; else torch.
 
-    Asking for `triton` where it cannot run is an error, not a silent fallback; on CPU it runs
-    only under Triton's interpreter (`TRITON_INTERPRET=1`), which is for tests.
+    Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
+    CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
     if name == "torch":
         return "torch"
     has_triton = importlib.util.find_spec("triton") is not None
-    fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
+    triton_fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
+    cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype)
     if name == "auto":
-        return "triton" if device.type == "cuda" and has_triton and fits else "torch"
+        if device.type == "cuda":
+            return "triton" if has_triton and triton_fits else "torch"
+        return "cpu" if device.type == "cpu" and cpu_fits and cpu_decode.compiler() else "torch"
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError("attention_backend 'cpu' needs a CPU device")
+        if not cpu_fits:
+            raise ValueError("attention_backend 'cpu' needs float32, a GQA group <= "
+                             f"{cpu_decode.MAX_GROUP}, head_dim <= {cpu_decode.MAX_DIM} and "
+                             f"block_size <= {cpu_decode.MAX_BLOCK}")
+        if cpu_decode.compiler() is None:
+            raise ValueError("attention_backend 'cpu' needs a C compiler (cc, gcc or $CC)")
+        return "cpu"
     if not has_triton:
         raise ValueError("attention_backend 'triton' needs the triton package")
-    if not fits:
+    if not triton_fits:
         raise ValueError("attention_backend 'triton' needs a power-of-two block_size "
                          "and head_dim <= 256")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -128,7 +143,11 @@ class ModelRunner:
         model.use_linear_kernel(linear_kernel(linear_backend))
         head_dim = model.layers[0].self_attn.head_dim
         backend = pick_attention_backend(
-            config.attention_backend, config.device, config.block_size, head_dim)
+            config.attention_backend, config.device, config.block_size, head_dim,
+            group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
+            dtype=config.dtype)
+        if backend == "cpu":
+            cpu_decode.load_library()  # built now (a second, once per machine), not mid-step
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,
@@ -203,7 +222,8 @@ class ModelRunner:
         meta = build_metadata(
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
             self.block_size, self.num_kv_heads, self.group, self.device, self.dtype,
-            decode_kernel=self.attention_backend == "triton", workspace=self.workspace,
+            decode_kernel=None if self.attention_backend == "torch" else self.attention_backend,
+            workspace=self.workspace,
         )
         device = self.device
         return (

@@ -49,13 +49,14 @@ CPU = torch.device("cpu")
 
 def run(q, k, v, k_cache, v_cache, batch, group, device=CPU, backend="torch"):
     meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, device, q.dtype,
-                          decode_kernel=backend == "triton")
+                          decode_kernel=None if backend == "torch" else backend)
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
-BACKENDS = ["torch", "triton"]
-# The kernel runs on the GPU where there is one, else in Triton's interpreter on CPU tensors.
+BACKENDS = ["torch", "triton", "cpu"]
+# Triton runs on the GPU where there is one, else in its interpreter on CPU tensors; the C
+# kernel ("cpu") runs on CPU tensors.
 KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -120,9 +121,10 @@ def test_pieces_are_gathered_in_row_head_block_order():
 
 def test_decode_kernel_gets_one_padded_int32_table():
     batch = [(4, 1, [7, 3]), (9, 1, [5, 1, 8, 2]), (0, 3, [6])]
-    meta = build_metadata(batch, BLOCK, 1, 2, CPU, decode_kernel=True)
+    meta = build_metadata(batch, BLOCK, 1, 2, CPU, decode_kernel="cpu")
     assert meta.decode_groups == []
     assert meta.decode_batch is not None and meta.decode_batch.num_rows == 2
+    assert meta.decode_batch.kernel == "cpu"
     # context 5 needs 2 blocks, context 10 needs 3: the unused 4th block of row 1 is cut
     assert meta.decode_batch.block_tables.tolist() == [[7, 3, 0], [5, 1, 8]]
     assert meta.decode_batch.block_tables.dtype == torch.int32
@@ -130,10 +132,11 @@ def test_decode_kernel_gets_one_padded_int32_table():
     assert [(p.q_start, p.q_len) for p in meta.prefills] == [(2, 3)]
 
 
-def test_decode_kernel_head_dim_and_group_need_no_power_of_two():
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_decode_kernel_head_dim_and_group_need_no_power_of_two(backend):
     q, k, v, k_cache, v_cache, batch, _ = build(
         [(i * 7 % 50, 1) for i in range(6)], num_heads=6, num_kv_heads=1, head_dim=24)
-    out = on_backend_device("triton", q, k, v, k_cache, v_cache, batch, 6)
+    out = on_backend_device(backend, q, k, v, k_cache, v_cache, batch, 6)
     meta = build_metadata(batch, BLOCK, k_cache.shape[1], 6, CPU)
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
@@ -156,7 +159,7 @@ def test_kv_written_at_the_slot_of_each_position():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_cuda_bfloat16_attention_close_to_reference(backend):
     q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (40, 1), (0, 7), (6, 5)])
     dev, bf16 = torch.device("cuda"), torch.bfloat16

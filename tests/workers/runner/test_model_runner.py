@@ -5,15 +5,27 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers.runner import cpu_decode
 from workers.runner.model_runner import pick_attention_backend
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
-def test_auto_is_torch_on_cpu_and_the_kernel_on_cuda():
-    assert pick_attention_backend("auto", CPU, 16, 64) == "torch"
+def test_auto_is_an_in_place_kernel_on_each_device():
+    assert pick_attention_backend("auto", CPU, 16, 64) == "cpu"
     assert pick_attention_backend("auto", CUDA, 16, 64) == "triton"
     assert pick_attention_backend("torch", CUDA, 16, 64) == "torch"
+    assert pick_attention_backend("torch", CPU, 16, 64) == "torch"
+
+
+def test_auto_on_cpu_keeps_torch_where_the_c_kernel_does_not_fit(monkeypatch):
+    assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.bfloat16) == "torch"
+    assert pick_attention_backend("auto", CPU, 16, 64, group=32) == "torch"
+    assert pick_attention_backend("auto", CPU, 512, 64) == "torch"
+    monkeypatch.setattr(cpu_decode, "compiler", lambda: None)
+    assert pick_attention_backend("auto", CPU, 16, 64) == "torch"
+    with pytest.raises(ValueError, match="needs a C compiler"):
+        pick_attention_backend("cpu", CPU, 16, 64)
 
 
 def test_auto_keeps_torch_where_the_kernel_does_not_fit():
@@ -24,8 +36,10 @@ def test_auto_keeps_torch_where_the_kernel_does_not_fit():
 @pytest.mark.parametrize(
     ("name", "device", "block_size", "match"),
     [
-        ("flash", CPU, 16, "must be one of auto, torch, triton"),
+        ("flash", CPU, 16, "must be one of auto, torch, triton, cpu"),
         ("triton", CUDA, 12, "power-of-two block_size"),
+        ("cpu", CUDA, 16, "needs a CPU device"),
+        ("cpu", CPU, 512, "block_size <= 256"),
     ],
 )
 def test_impossible_backends_are_refused(name, device, block_size, match):

@@ -1,0 +1,98 @@
+"""Building and calling the C decode kernel (its numbers are checked in test_attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.runner import cpu_decode
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache, and no library loaded by an earlier test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_decode.load_library.cache_clear()
+    yield tmp_path / "switchboard" / "kernels"
+    cpu_decode.load_library.cache_clear()
+
+
+def test_the_kernel_is_built_once_into_the_cache_and_reused(fresh_build):
+    cpu_decode.load_library()
+    built = list(fresh_build.glob("paged_decode-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    cpu_decode.load_library.cache_clear()  # as a new process would
+    cpu_decode.load_library()
+    assert list(fresh_build.glob("*")) == built  # no leftover temporary folder
+    assert built[0].stat().st_mtime_ns == stamp
+
+
+def test_a_failing_compiler_is_a_clear_error(fresh_build, monkeypatch):
+    monkeypatch.setenv("CC", "false")
+    with pytest.raises(RuntimeError, match="building the CPU decode kernel failed"):
+        cpu_decode.load_library()
+    assert not list(fresh_build.glob("*.so"))
+
+
+def test_strided_query_rows_are_read_where_they_lie():
+    """The model hands the kernel q as a view into the fused qkv output."""
+    g = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(6, 2, 4, 8, generator=g)
+    v_cache = torch.randn(6, 2, 4, 8, generator=g)
+    qkv = torch.randn(3, 6 * 8 + 2 * 2 * 8, generator=g)
+    q = qkv[:, : 6 * 8].view(3, 6, 8)
+    tables = torch.tensor([[5, 1], [2, 0], [3, 4]], dtype=torch.int32)
+    lens = torch.tensor([7, 2, 8], dtype=torch.int32)
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, 0.3, 4)
+    same = cpu_decode.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, 0.3, 4)
+    assert torch.equal(out, same)
+    # row 1 sees two tokens of block 2: a plain softmax over them
+    k = k_cache[2, :, :2]  # [kv heads, tokens, dim]
+    v = v_cache[2, :, :2]
+    for head in range(6):
+        kv = head // 3
+        weights = torch.softmax(k[kv] @ q[1, head] * 0.3, dim=0)
+        torch.testing.assert_close(out[1, head], weights @ v[kv], rtol=1e-5, atol=1e-6)
+
+
+def test_shapes_past_the_limits_are_refused():
+    q = torch.zeros(1, 17, 8)
+    cache = torch.zeros(1, 1, 4, 8)
+    tables, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="group <= 16"):
+        cpu_decode.paged_decode(q, cache, cache, tables, lens, 1.0, 4)
+
+
+def dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size):
+    """Each row's context gathered position by position, then a plain softmax per head."""
+    out = torch.empty_like(q)
+    group = q.shape[1] // k_cache.shape[1]
+    for row in range(q.shape[0]):
+        slots = [(int(tables[row, p // block_size]), p % block_size)
+                 for p in range(int(lens[row]))]
+        k = torch.stack([k_cache[b, :, offset] for b, offset in slots])
+        v = torch.stack([v_cache[b, :, offset] for b, offset in slots])
+        for head in range(q.shape[1]):
+            weights = torch.softmax(k[:, head // group] @ q[row, head] * scale, dim=0)
+            out[row, head] = weights @ v[:, head // group]
+    return out
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 24])  # whole 64-wide groups, a 16 tail, no AVX
+@pytest.mark.parametrize("plain", [False, True])
+def test_both_code_paths_equal_the_dense_reference(head_dim, plain):
+    """AVX-512 where the build has it and head_dim allows, and the portable loops."""
+    g = torch.Generator().manual_seed(head_dim)
+    block_size, num_blocks = 16, 80
+    k_cache = torch.randn(num_blocks, 2, block_size, head_dim, generator=g)
+    v_cache = torch.randn(num_blocks, 2, block_size, head_dim, generator=g)
+    lens = torch.tensor([1, 16, 17, 200, 95], dtype=torch.int32)
+    order = torch.randperm(num_blocks, generator=g)
+    tables = order[: 5 * 13].view(5, 13).to(torch.int32).contiguous()
+    q = torch.randn(5, 6, head_dim, generator=g) * 3  # peaked softmax: exp's range matters
+    scale = head_dim**-0.5
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, scale, block_size,
+                                  plain=plain)
+    ref = dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,110 @@
+"""Decode attention on CPU through a small C kernel that reads the paged pool in place.
+
+The torch path gathers each decode row's blocks and runs SDPA over the copy: the context is
+read twice and written once, and in float32 a decode step's KV is larger than the weights, so
+that traffic was about a third of a step. The kernel (`csrc/paged_decode.c`) walks the block
+table with an online softmax instead, reading each K/V byte once.
+
+It is plain C with a C ABI, built at first use with the system compiler (`cc -O3
+-march=native -fopenmp`, under a second) and cached per source, flags and CPU in the user's
+cache directory; ctypes calls it with tensor pointers and releases the GIL meanwhile. OpenMP
+resolves to the runtime PyTorch has already loaded (same soname), so the two share threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+# the C kernel's fixed limits (stack buffers)
+MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel serves this shape: float32, and within its fixed buffers."""
+    return (dtype == torch.float32 and group <= MAX_GROUP and head_dim <= MAX_DIM
+            and block_size <= MAX_BLOCK)
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "switchboard" / "kernels"
+
+
+def _cpu_signature() -> str:
+    """The CPU's feature flags: -march=native code is only valid on a CPU that has them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def load_library() -> ctypes.CDLL:
+    """Build the kernel once per source, flags and CPU, then load it (raises if cc fails)."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("the CPU decode kernel needs a C compiler (cc or gcc, or $CC)")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode())
+    target = cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                                    capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise RuntimeError(f"building the CPU decode kernel failed:\n{result.stderr}")
+            os.replace(built, target)  # atomic: concurrent builders race harmlessly
+    lib = ctypes.CDLL(str(target))
+    fn = lib.paged_decode_f32
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def paged_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
+    *, plain: bool = False,
+) -> torch.Tensor:
+    """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
+
+    `plain` forces the portable loops where the build has AVX-512 (tests cover both)."""
+    rows, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        q = q.contiguous()
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype
+    assert block_tables.dtype == seq_lens.dtype == torch.int32
+    assert block_tables.is_contiguous() and seq_lens.is_contiguous()
+    out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
+    status = load_library().paged_decode_f32(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+        block_tables.data_ptr(), seq_lens.data_ptr(),
+        rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
+        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain))
+    if status != 0:
+        raise ValueError("shape past the CPU decode kernel's limits "
+                         f"(group <= {MAX_GROUP}, head_dim <= {MAX_DIM}, block <= {MAX_BLOCK})")
+    return out

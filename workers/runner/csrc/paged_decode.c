@@ -1,0 +1,207 @@
+/* Decode attention for CPU that reads K/V straight from the paged pool.
+ *
+ * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32. One task
+ * serves one (sequence, KV head): it walks the sequence's block table and keeps an online
+ * softmax for every query head of that KV head's GQA group, so each K/V byte is read once and
+ * nothing is gathered. While a block is computed, the next one (anywhere in the pool) is
+ * prefetched. Tasks are spread over OpenMP threads.
+ *
+ * Per block and query row, two primitives: the row's scores against the block's keys, and
+ * the weighted sum of the block's values into the row's accumulator. Built with AVX-512 they
+ * use it when head_dim is a multiple of 16 (accumulators stay in registers across a block);
+ * otherwise plain loops the compiler vectorizes.
+ *
+ * Built at run time by workers/runner/cpu_decode.py (cc -O3 -march=native -fopenmp).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#define MAX_GROUP 16
+#define MAX_DIM 256
+#define MAX_BLOCK 256
+
+/* exp(x) for x <= 0, to about 2 ulp, written so the compiler vectorizes the loop that calls it
+ * (libm's expf would be one scalar call per score). x = k ln2 + r with |r| <= ln2 / 2 (k
+ * rounded by the 1.5 * 2^23 trick); exp(r) by a degree-6 Taylor polynomial; 2^k built in the
+ * exponent bits. Below -87, 0. */
+static inline float exp_nonpositive(float x) {
+    const float clamped = x < -87.0f ? -87.0f : x;
+    const float round = 12582912.0f;
+    const float k = (clamped * 1.44269504088896341f + round) - round;
+    const float r = clamped - k * 0.693145751953125f - k * 1.428606765330187e-06f;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return x < -87.0f ? 0.0f : p * two_k;
+}
+
+/* s[t] = exp(s[t] - shift); returns the sum. */
+static float exp_shifted(float *s, float shift, int n) {
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int t = 0; t < n; t++) {
+        s[t] = exp_nonpositive(s[t] - shift);
+        total += s[t];
+    }
+    return total;
+}
+
+static void scores_plain(const float *qg, const float *kb, int n, int dim, float *s) {
+    for (int t = 0; t < n; t++) {
+        const float *kt = kb + (int64_t)t * dim;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int d = 0; d < dim; d++) sum += qg[d] * kt[d];
+        s[t] = sum;
+    }
+}
+
+/* acc = acc * correction + sum_t p[t] * vb[t] */
+static void accumulate_plain(float *acc, const float *p, const float *vb, int n, int dim,
+                             float correction) {
+#pragma omp simd
+    for (int d = 0; d < dim; d++) acc[d] *= correction;
+    for (int t = 0; t < n; t++) {
+        const float *vt = vb + (int64_t)t * dim;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) acc[d] += p[t] * vt[d];
+    }
+}
+
+#if defined(__AVX512F__)
+static void scores_avx512(const float *qg, const float *kb, int n, int dim, float *s) {
+    for (int t = 0; t < n; t++) {
+        const float *kt = kb + (int64_t)t * dim;
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(kt));
+        for (int c = 16; c < dim; c += 16)
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + c), _mm512_loadu_ps(kt + c), a);
+        s[t] = _mm512_reduce_add_ps(a);
+    }
+}
+
+/* Four 16-wide column chunks at a time, so four independent FMA chains run across the
+ * block's tokens instead of one chain waiting on its own latency. */
+static void accumulate_avx512(float *acc, const float *p, const float *vb, int n, int dim,
+                              float correction) {
+    const __m512 corr = _mm512_set1_ps(correction);
+    int c = 0;
+    for (; c + 64 <= dim; c += 64) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + c), corr);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 16), corr);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 32), corr);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(acc + c + 48), corr);
+        for (int t = 0; t < n; t++) {
+            const float *vt = vb + (int64_t)t * dim + c;
+            const __m512 w = _mm512_set1_ps(p[t]);
+            a0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt), a0);
+            a1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16), a1);
+            a2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 32), a2);
+            a3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 48), a3);
+        }
+        _mm512_storeu_ps(acc + c, a0);
+        _mm512_storeu_ps(acc + c + 16, a1);
+        _mm512_storeu_ps(acc + c + 32, a2);
+        _mm512_storeu_ps(acc + c + 48, a3);
+    }
+    for (; c < dim; c += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + c), corr);
+        for (int t = 0; t < n; t++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]),
+                                _mm512_loadu_ps(vb + (int64_t)t * dim + c), a);
+        _mm512_storeu_ps(acc + c, a);
+    }
+}
+#endif
+
+static void prefetch_block(const float *k, const float *v, int64_t base, int64_t floats) {
+    for (int64_t off = 0; off < floats; off += 16) { /* one 64-byte line per call */
+        __builtin_prefetch(k + base + off);
+        __builtin_prefetch(v + base + off);
+    }
+}
+
+/* q: the group's query rows (row stride dim); k, v: the pool offset to this KV head;
+ * out: the group's output rows (row stride dim). */
+static void decode_task(const float *q, const float *k, const float *v, float *out,
+                        const int32_t *table, int len, int group, int dim, int block_size,
+                        int64_t block_stride, float scale, int wide) {
+    float qs[MAX_GROUP][MAX_DIM];
+    float acc[MAX_GROUP][MAX_DIM];
+    float m[MAX_GROUP], l[MAX_GROUP];
+    float s[MAX_BLOCK];
+    for (int g = 0; g < group; g++) {
+        for (int d = 0; d < dim; d++) {
+            qs[g][d] = q[g * dim + d] * scale;
+            acc[g][d] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    for (int start = 0, b = 0; start < len; start += block_size, b++) {
+        const int64_t base = (int64_t)table[b] * block_stride;
+        const float *kb = k + base, *vb = v + base;
+        const int n = len - start < block_size ? len - start : block_size;
+        if (start + block_size < len)
+            prefetch_block(k, v, (int64_t)table[b + 1] * block_stride, (int64_t)block_size * dim);
+        for (int g = 0; g < group; g++) {
+#if defined(__AVX512F__)
+            if (wide)
+                scores_avx512(qs[g], kb, n, dim, s);
+            else
+#endif
+                scores_plain(qs[g], kb, n, dim, s);
+            float mx = m[g];
+            for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+            const float correction = expf(m[g] - mx); /* 0 on the first block: m is -inf */
+            m[g] = mx;
+            l[g] = l[g] * correction + exp_shifted(s, mx, n);
+#if defined(__AVX512F__)
+            if (wide)
+                accumulate_avx512(acc[g], s, vb, n, dim, correction);
+            else
+#endif
+                accumulate_plain(acc[g], s, vb, n, dim, correction);
+        }
+    }
+    for (int g = 0; g < group; g++) {
+        const float inv = 1.0f / l[g];
+        for (int d = 0; d < dim; d++) out[g * dim + d] = acc[g][d] * inv;
+    }
+}
+
+/* Returns 0, or -1 when a shape is past this kernel's fixed limits (checked by the caller
+ * first; this is the last guard before a stack overrun). `plain` forces the portable loops. */
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                     const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
+                     int num_kv_heads, int head_dim, int block_size, int table_stride,
+                     int64_t q_token_stride, int64_t out_token_stride, float scale,
+                     int num_threads, int plain) {
+    const int group = num_heads / num_kv_heads;
+    if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
+    const int wide = !plain && head_dim % 16 == 0;
+    const int64_t head_stride = (int64_t)block_size * head_dim;
+    const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
+    const int tasks = num_seqs * num_kv_heads;
+#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
+    for (int task = 0; task < tasks; task++) {
+        const int seq = task / num_kv_heads, h = task % num_kv_heads;
+        const int64_t q_off = seq * q_token_stride + (int64_t)h * group * head_dim;
+        const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
+        decode_task(q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
+                    out + o_off, tables + (int64_t)seq * table_stride, lens[seq], group,
+                    head_dim, block_size, block_stride, scale, wide);
+    }
+    return 0;
+}
