@@ -1,0 +1,105 @@
+"""CPU projection GEMMs: PyTorch's `F.linear` (MKL for float32) vs oneDNN on the same weight.
+
+The engine's `linear_backend` picks oneDNN on CPU (`workers/runner/linear.py`). This times both
+kernels on SmolLM2-135M's projection shapes (fused q/k/v, o, fused gate/up, down, LM head) at
+the row counts a step has: 1-64 decode rows, 512-2048 prefill tokens. Each pair runs
+interleaved (rounds of both, median of medians), so a shared machine's drift hits both sides
+alike. Also checks that both give the same product (max abs difference).
+
+Usage: .venv/bin/python bench/cpu_gemm.py [--rows 1,4,16,64,512,2048] [--rounds 5]
+Prints a table last and writes bench/results/cpu_gemm-cpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from bench.machine import cpu_model  # noqa: E402
+from workers.runner.linear import onednn_available, onednn_linear  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# (name, in features, out features) of SmolLM2-135M's projections
+SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
+          ("lm_head", 576, 49152)]
+
+
+def median_us(fn: Callable[[], object], calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def compare(rows: int, in_features: int, out_features: int, rounds: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=g)
+    weight = torch.randn(out_features, in_features, generator=g) * in_features**-0.5
+    mkl = lambda: F.linear(x, weight)  # noqa: E731
+    dnn = lambda: onednn_linear(x, weight)  # noqa: E731
+    calls = 3 if rows * out_features > 1 << 24 else 10
+    mkl(), dnn()
+    pairs = [(median_us(mkl, calls), median_us(dnn, calls)) for _ in range(rounds)]
+    torch_us = statistics.median(p[0] for p in pairs)
+    onednn_us = statistics.median(p[1] for p in pairs)
+    flops = 2 * rows * in_features * out_features
+    return {"torch_us": torch_us, "onednn_us": onednn_us,
+            "torch_gflops": flops / torch_us / 1e3, "onednn_gflops": flops / onednn_us / 1e3,
+            "max_abs_diff": float((mkl() - dnn()).abs().max())}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,4,16,64,512,2048")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if not onednn_available():
+        print("this PyTorch has no oneDNN linear op")
+        return 1
+    results = []
+    with torch.inference_mode():
+        for rows in (int(r) for r in args.rows.split(",")):
+            for name, fan_in, fan_out in SHAPES:
+                if name == "lm_head" and rows > 64:  # the head sees one row per sampled sequence
+                    continue
+                results.append({"rows": rows, "shape": name, "in": fan_in, "out": fan_out,
+                                **compare(rows, fan_in, fan_out, args.rounds)})
+    report = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "rows": results,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "cpu_gemm-cpu.json"
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"cpu_gemm  {report['date']}  {report['machine']}  threads {report['threads']}  "
+          f"float32")
+    head = (f"{'rows':>5} {'shape':>8} {'torch us':>10} {'oneDNN us':>10} {'torch GF/s':>10} "
+            f"{'oneDNN GF/s':>11} {'speed-up':>8} {'max diff':>9}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        print(f"{r['rows']:>5} {r['shape']:>8} {r['torch_us']:>10.1f} {r['onednn_us']:>10.1f} "
+              f"{r['torch_gflops']:>10.1f} {r['onednn_gflops']:>11.1f} "
+              f"{r['torch_us'] / r['onednn_us']:>7.2f}x {r['max_abs_diff']:>9.1e}")
+    print(f"\nwrote {out.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
