@@ -1,10 +1,11 @@
 """Dense projections on the fastest GEMM this PyTorch build has.
 
 On x86 CPUs PyTorch sends float32 `F.linear` to MKL, which on AMD parts takes a generic code
-path: about half of what the same cores do through oneDNN's matmul (`bench/cpu_gemm.py`;
-1.4-2.6x on SmolLM2's shapes, up to 3x for the LM head). oneDNN reads the same dense weight
-in place, so switching costs no memory and no copy. Its rows are also batch-invariant from
-two rows up, which MKL's small-batch kernels are not.
+path: about half of what the same cores do through oneDNN's matmul (`bench/cpu_gemm.py` on a
+2-core EPYC: 1.3-2.3x on SmolLM2's shapes from 16 rows up, 2.5-2.9x for the LM head at any
+row count; mixed at 1-4 rows, where the small matmuls are latency, not FLOPs). oneDNN reads
+the same dense weight in place, so switching costs no memory and no copy. Its rows are also
+batch-invariant from two rows up, which MKL's small-batch kernels are not.
 
 `torch.ops.mkldnn._linear_pointwise` is the op Inductor's CPU backend emits for a linear;
 it is private, so `pick_linear_backend` checks that it exists and falls back to `F.linear`.

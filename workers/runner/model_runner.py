@@ -9,6 +9,7 @@ by LoRA slot so that rows of one adapter form one contiguous segment.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,7 +150,13 @@ class ModelRunner:
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype)
         if backend == "cpu":
-            cpu_decode.load_library()  # built now (a second, once per machine), not mid-step
+            try:  # built now (a second, once per machine), not mid-step
+                cpu_decode.load_library()
+            except RuntimeError as exc:
+                if config.attention_backend == "cpu":
+                    raise
+                logger.warning("CPU decode kernel unavailable, using torch attention: %s", exc)
+                backend = "torch"
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,

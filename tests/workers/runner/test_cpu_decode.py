@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from workers import LLM, SamplingParams
 from workers.runner import cpu_decode
 
 
@@ -96,3 +97,16 @@ def test_both_code_paths_equal_the_dense_reference(head_dim, plain):
                                   plain=plain)
     ref = dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_falls_back_to_torch_when_the_build_fails_and_explicit_cpu_fails(
+        fresh_build, monkeypatch, tiny_llama_path):
+    monkeypatch.setenv("CC", "false")
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=1 << 20, device="cpu", dtype="float32")
+    assert llm.engine.runner.attention_backend == "torch"
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3,
+                                                   ignore_eos=True))
+    assert len(out[0].token_ids) == 3
+    with pytest.raises(RuntimeError, match="building the CPU decode kernel failed"):
+        LLM(str(tiny_llama_path), kv_cache_memory=1 << 20, device="cpu", dtype="float32",
+            attention_backend="cpu")
