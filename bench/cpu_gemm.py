@@ -7,7 +7,8 @@ interleaved (rounds of both, median of medians), so a shared machine's drift hit
 alike. Also checks that both give the same product (max abs difference).
 
 Usage: .venv/bin/python bench/cpu_gemm.py [--rows 1,4,16,64,512,2048] [--rounds 5]
-Prints a table last and writes bench/results/cpu_gemm-cpu.json.
+Prints a table last and writes bench/results/cpu_gemm-cpu.json (a narrower run writes the
+git-ignored ...-smoke.json).
 """
 
 from __future__ import annotations
@@ -15,10 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,21 +27,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.machine import cpu_model  # noqa: E402
+from bench.timing import interleaved  # noqa: E402
 from workers.runner.linear import onednn_available, onednn_linear  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (name, in features, out features) of SmolLM2-135M's projections
 SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
           ("lm_head", 576, 49152)]
-
-
-def median_us(fn: Callable[[], object], calls: int) -> float:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def compare(rows: int, in_features: int, out_features: int, rounds: int) -> dict[str, float]:
@@ -53,10 +43,8 @@ def compare(rows: int, in_features: int, out_features: int, rounds: int) -> dict
     mkl = lambda: F.linear(x, weight)  # noqa: E731
     dnn = lambda: onednn_linear(x, weight)  # noqa: E731
     calls = 3 if rows * out_features > 1 << 24 else 10
-    mkl(), dnn()
-    pairs = [(median_us(mkl, calls), median_us(dnn, calls)) for _ in range(rounds)]
-    torch_us = statistics.median(p[0] for p in pairs)
-    onednn_us = statistics.median(p[1] for p in pairs)
+    torch_ms, onednn_ms = interleaved(mkl, dnn, rounds, calls)
+    torch_us, onednn_us = torch_ms * 1e3, onednn_ms * 1e3
     flops = 2 * rows * in_features * out_features
     return {"torch_us": torch_us, "onednn_us": onednn_us,
             "torch_gflops": flops / torch_us / 1e3, "onednn_gflops": flops / onednn_us / 1e3,
@@ -85,7 +73,8 @@ def main() -> int:
         "rows": results,
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "cpu_gemm-cpu.json"
+    full = args.rows == parser.get_default("rows") and args.rounds == parser.get_default("rounds")
+    out = RESULTS / f"cpu_gemm-cpu{'' if full else '-smoke'}.json"  # a narrow run is a smoke
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"cpu_gemm  {report['date']}  {report['machine']}  threads {report['threads']}  "
           f"float32")

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,25 +27,10 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` importable
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from bench.timing import interleaved  # noqa: E402
 from workers.runner.attention import GatherWorkspace, build_metadata, paged_attention  # noqa: E402
 
 BLOCK, KV_HEADS, HEADS, DIM = 16, 3, 9, 64  # SmolLM2-135M
-
-
-def interleaved(a: Callable[[], object], b: Callable[[], object], rounds: int,
-                calls: int = 10) -> tuple[float, float]:
-    """Median over rounds of each side's median ms per call."""
-    def median_ms(fn: Callable[[], object]) -> float:
-        times = []
-        for _ in range(calls):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return statistics.median(times) * 1e3
-
-    a(), b()
-    pairs = [(median_ms(a), median_ms(b)) for _ in range(rounds)]
-    return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
 def layout_case(rows: int, context: int) -> tuple[Callable[[], object], Callable[[], object]]:

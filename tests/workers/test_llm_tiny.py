@@ -134,26 +134,19 @@ def test_triton_decode_kernel_matches_hf(tiny_llama_path, reference):
     assert [o.token_ids for o in outputs] == expected
 
 
-@pytest.mark.parametrize("backend", ["torch", "onednn"])
-def test_each_linear_backend_matches_hf(tiny_llama_path, reference, backend):
-    """Both projection GEMMs on CPU (auto picks oneDNN there), token for token."""
+
+@pytest.mark.parametrize(("knob", "backend"), [
+    ("linear_backend", "torch"), ("linear_backend", "onednn"),
+    ("attention_backend", "torch"), ("attention_backend", "cpu"),
+])
+def test_each_cpu_backend_matches_hf(tiny_llama_path, reference, knob, backend):
+    """Both projection GEMMs and both CPU decode-attention paths (auto picks oneDNN and the C
+    kernel on CPU), token for token, with decodes and prefill chunks sharing steps."""
     if backend == "onednn" and not onednn_available():
         pytest.skip("PyTorch built without oneDNN")
     prompts, expected = reference
     llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
-              linear_backend=backend, device="cpu", dtype="float32")
-    assert llm.engine.runner.linear_backend == backend
-    outputs = llm.generate(prompts, greedy())
-    assert [o.token_ids for o in outputs] == expected
-
-
-@pytest.mark.parametrize("backend", ["torch", "cpu"])
-def test_each_cpu_attention_backend_matches_hf(tiny_llama_path, reference, backend):
-    """Gather + SDPA and the C kernel (auto picks it on CPU), with decodes and prefill chunks
-    sharing steps."""
-    prompts, expected = reference
-    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
-              attention_backend=backend, device="cpu", dtype="float32")
-    assert llm.engine.runner.attention_backend == backend
+              device="cpu", dtype="float32", **{knob: backend})
+    assert getattr(llm.engine.runner, knob) == backend
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected
