@@ -10,18 +10,15 @@ from gateway.app import create_app
 from tests.gateway.support import (
     bearer,
     in_process,
-    mock_deployment,
+    mock_settings,
     seed_tenant,
-    settings,
-    write_deployments,
 )
 
 
 async def test_cached_key_needs_no_query(db_url, tmp_path, mock_upstream):
     t = await seed_tenant(db_url, tmp_path, name="hot", plan={"rpm": 10_000})
-    cfg = settings(db_url, tmp_path, auth_poll_interval_s=60, usage_flush_interval_s=60,
-                   deployments_file=write_deployments(
-                       tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(db_url, tmp_path, mock_upstream.base_url, auth_poll_interval_s=60,
+                        usage_flush_interval_s=60)
     app = create_app(cfg)
     statements: list[str] = []
     async with in_process(app) as gw:

@@ -28,6 +28,7 @@ from tests.gateway.support import (
     gateway_client,
     in_process,
     mock_deployment,
+    mock_settings,
     ok,
     seed_tenant,
     settings,
@@ -377,8 +378,7 @@ async def test_one_tenants_request_id_cannot_stop_anothers_metering(
         db_url, tmp_path, mock_upstream):
     a = await seed_tenant(db_url, tmp_path, name="initech")
     b = await seed_tenant(db_url, tmp_path, name="umbrella")
-    cfg = settings(db_url, tmp_path, deployments_file=write_deployments(
-        tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(db_url, tmp_path, mock_upstream.base_url)
     async with gateway_client(cfg) as client:
         long_id = "r" * 100  # too long to store: replaced by one of the gateway's own
         r = await client.post("/v1/chat/completions", json={"model": MOCK, **CHAT},

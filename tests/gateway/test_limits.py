@@ -11,6 +11,7 @@ from tests.gateway.support import (
     bearer,
     gateway_client,
     mock_deployment,
+    mock_settings,
     seed_tenant,
     settings,
     write_deployments,
@@ -166,9 +167,8 @@ async def test_a_counter_that_lost_spend_catches_up_with_the_ledger(sqlite_url, 
 
     url = "redis://127.0.0.1:6379/0"
     t = await seed_tenant(sqlite_url, tmp_path, name="lost", plan={"budget_micros": 100})
-    cfg = settings(sqlite_url, tmp_path, redis_url=url, budget_reconcile_interval_s=0.2,
-                   deployments_file=write_deployments(
-                       tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(sqlite_url, tmp_path, mock_upstream.base_url, redis_url=url,
+                        budget_reconcile_interval_s=0.2)
     async with gateway_client(cfg) as gw:
         for _ in range(20):
             r = await gw.post("/v1/chat/completions", json=body(), headers=bearer(t.key))

@@ -9,10 +9,8 @@ import pytest
 from tests.gateway.support import (
     bearer,
     gateway_client,
-    mock_deployment,
+    mock_settings,
     seed_tenant,
-    settings,
-    write_deployments,
 )
 from workers.async_engine import AsyncLLMEngine
 
@@ -23,9 +21,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 async def gw(sqlite_url, tmp_path, tiny_llama_path, mock_upstream):
     tenant = await seed_tenant(sqlite_url, tmp_path, name="acme",
                                plan={"rpm": 1000, "tpm": 1_000_000})
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny",
-                   deployments_file=write_deployments(
-                       tmp_path, [mock_deployment(mock_upstream.base_url)]))
+    cfg = mock_settings(sqlite_url, tmp_path, mock_upstream.base_url, embedded_model_name="tiny")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20,
                             max_num_seqs=16)
     async with gateway_client(cfg, engine=engine) as client:

@@ -2,7 +2,7 @@
 
 On x86 CPUs PyTorch sends float32 `F.linear` to MKL, which on AMD parts takes a generic code
 path: about half of what the same cores do through oneDNN's matmul (`bench/cpu_gemm.py` on a
-2-core EPYC: 1.3-2.3x on SmolLM2's shapes from 16 rows up, 2.5-2.9x for the LM head at any
+2-core EPYC: 1.3-2.3x on SmolLM2's shapes from 16 rows up, 2.5-3.0x for the LM head at any
 row count; mixed at 1-4 rows, where the small matmuls are latency, not FLOPs). oneDNN reads
 the same dense weight in place, so switching costs no memory and no copy. Its rows are also
 batch-invariant from two rows up, which MKL's small-batch kernels are not.
