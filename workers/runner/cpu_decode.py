@@ -59,28 +59,38 @@ def _cpu_signature() -> str:
 
 @functools.cache
 def load_library() -> ctypes.CDLL:
-    """Build the kernel once per source, flags and CPU, then load it (raises if cc fails)."""
+    """Build the kernel once per source, flags and CPU, then load it.
+
+    Raises RuntimeError for anything that stops it: no compiler, a failed build, an unwritable
+    cache, a library that does not load (the runner then falls back to torch under `auto`)."""
     cc = compiler()
     if cc is None:
         raise RuntimeError("the CPU decode kernel needs a C compiler (cc or gcc, or $CC)")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode())
     target = cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                                    capture_output=True, text=True, check=False)
-            if result.returncode != 0:
-                raise RuntimeError(f"building the CPU decode kernel failed:\n{result.stderr}")
-            os.replace(built, target)  # atomic: concurrent builders race harmlessly
-    lib = ctypes.CDLL(str(target))
+    try:
+        if not target.exists():
+            _build(cc, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"building the CPU decode kernel failed: {exc}") from exc
     fn = lib.paged_decode_f32
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
         ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib
+
+
+def _build(cc: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                                capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"building the CPU decode kernel failed:\n{result.stderr}")
+        os.replace(built, target)  # atomic: concurrent builders race harmlessly
 
 
 def paged_decode(

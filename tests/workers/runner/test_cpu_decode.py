@@ -110,3 +110,16 @@ def test_auto_falls_back_to_torch_when_the_build_fails_and_explicit_cpu_fails(
     with pytest.raises(RuntimeError, match="building the CPU decode kernel failed"):
         LLM(str(tiny_llama_path), kv_cache_memory=1 << 20, device="cpu", dtype="float32",
             attention_backend="cpu")
+
+
+def test_an_unwritable_cache_or_a_missing_compiler_is_a_clear_error(fresh_build, monkeypatch,
+                                                                     tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # the cache would go below a file
+    with pytest.raises(RuntimeError, match="building the CPU decode kernel failed"):
+        cpu_decode.load_library()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    with pytest.raises(RuntimeError, match="No such file"):
+        cpu_decode.load_library()
