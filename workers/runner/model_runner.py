@@ -8,9 +8,7 @@ by LoRA slot so that rows of one adapter form one contiguous segment.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import cpu_decode, kv_cache
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
+from workers.runner.attention_backend import pick_attention_backend
 from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
@@ -58,51 +57,6 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
             "float64": torch.float64}[dtype]
-
-
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
-
-
-def pick_attention_backend(
-    name: str, device: torch.device, block_size: int, head_dim: int, *, group: int = 1,
-    dtype: torch.dtype = torch.float32,
-) -> str:
-    """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
-    there, the C kernel on CPU (float32) when there is a C compiler; else torch.
-
-    Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
-    CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
-    """
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
-    if name == "torch":
-        return "torch"
-    has_triton = importlib.util.find_spec("triton") is not None
-    triton_fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
-    cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype)
-    if name == "auto":
-        if device.type == "cuda":
-            return "triton" if has_triton and triton_fits else "torch"
-        return "cpu" if device.type == "cpu" and cpu_fits and cpu_decode.compiler() else "torch"
-    if name == "cpu":
-        if device.type != "cpu":
-            raise ValueError("attention_backend 'cpu' needs a CPU device")
-        if not cpu_fits:
-            raise ValueError("attention_backend 'cpu' needs float32, a GQA group <= "
-                             f"{cpu_decode.MAX_GROUP}, head_dim <= {cpu_decode.MAX_DIM} and "
-                             f"block_size <= {cpu_decode.MAX_BLOCK}")
-        if cpu_decode.compiler() is None:
-            raise ValueError("attention_backend 'cpu' needs a C compiler (cc, gcc or $CC)")
-        return "cpu"
-    if not has_triton:
-        raise ValueError("attention_backend 'triton' needs the triton package")
-    if not triton_fits:
-        raise ValueError("attention_backend 'triton' needs a power-of-two block_size "
-                         "and head_dim <= 256")
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError("attention_backend 'triton' needs a CUDA device "
-                         "(or TRITON_INTERPRET=1, for tests)")
-    return "triton"
 
 
 class ModelRunner:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workers.runner import cpu_decode
-from workers.runner.model_runner import pick_attention_backend
+from workers.runner.attention_backend import pick_attention_backend
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

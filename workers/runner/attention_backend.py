@@ -1,0 +1,58 @@
+"""Which decode-attention backend a runner uses: an in-place kernel where one fits.
+
+`auto` picks the Triton kernel on CUDA and the C kernel on CPU (docs/engine.md, "Attention");
+an explicit choice that cannot run is refused by name rather than silently replaced.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from workers.runner import cpu_decode
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
+
+
+def pick_attention_backend(
+    name: str, device: torch.device, block_size: int, head_dim: int, *, group: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> str:
+    """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
+    there, the C kernel on CPU (float32) when there is a C compiler; else torch.
+
+    Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
+    CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+    if name == "torch":
+        return "torch"
+    has_triton = importlib.util.find_spec("triton") is not None
+    triton_fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
+    cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype)
+    if name == "auto":
+        if device.type == "cuda":
+            return "triton" if has_triton and triton_fits else "torch"
+        return "cpu" if device.type == "cpu" and cpu_fits and cpu_decode.compiler() else "torch"
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError("attention_backend 'cpu' needs a CPU device")
+        if not cpu_fits:
+            raise ValueError("attention_backend 'cpu' needs float32, a GQA group <= "
+                             f"{cpu_decode.MAX_GROUP}, head_dim <= {cpu_decode.MAX_DIM} and "
+                             f"block_size <= {cpu_decode.MAX_BLOCK}")
+        if cpu_decode.compiler() is None:
+            raise ValueError("attention_backend 'cpu' needs a C compiler (cc, gcc or $CC)")
+        return "cpu"
+    if not has_triton:
+        raise ValueError("attention_backend 'triton' needs the triton package")
+    if not triton_fits:
+        raise ValueError("attention_backend 'triton' needs a power-of-two block_size "
+                         "and head_dim <= 256")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("attention_backend 'triton' needs a CUDA device "
+                         "(or TRITON_INTERPRET=1, for tests)")
+    return "triton"
