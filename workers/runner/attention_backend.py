@@ -21,7 +21,7 @@ def pick_attention_backend(
     dtype: torch.dtype = torch.float32,
 ) -> str:
     """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
-    there, the C kernel on CPU (float32) when there is a C compiler; else torch.
+    there, the C kernel on CPU (float32) when it builds (it is built here); else torch.
 
     Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
     CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
@@ -36,7 +36,7 @@ def pick_attention_backend(
     if name == "auto":
         if device.type == "cuda":
             return "triton" if has_triton and triton_fits else "torch"
-        return "cpu" if device.type == "cpu" and cpu_fits and cpu_decode.compiler() else "torch"
+        return "cpu" if device.type == "cpu" and cpu_fits and cpu_decode.available() else "torch"
     if name == "cpu":
         if device.type != "cpu":
             raise ValueError("attention_backend 'cpu' needs a CPU device")
@@ -44,8 +44,7 @@ def pick_attention_backend(
             raise ValueError("attention_backend 'cpu' needs float32, a GQA group <= "
                              f"{cpu_decode.MAX_GROUP}, head_dim <= {cpu_decode.MAX_DIM} and "
                              f"block_size <= {cpu_decode.MAX_BLOCK}")
-        if cpu_decode.compiler() is None:
-            raise ValueError("attention_backend 'cpu' needs a C compiler (cc, gcc or $CC)")
+        cpu_decode.load_library()  # RuntimeError with the reason: no compiler, a failed build
         return "cpu"
     if not has_triton:
         raise ValueError("attention_backend 'triton' needs the triton package")

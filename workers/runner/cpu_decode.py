@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -24,6 +25,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
@@ -80,6 +83,17 @@ def load_library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
         ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib
+
+
+def available() -> bool:
+    """Whether the kernel builds and loads here; it is built now (once per machine), so a
+    failure shows at engine start, never mid-step."""
+    try:
+        load_library()
+    except RuntimeError as exc:
+        logger.warning("CPU decode kernel unavailable, using torch attention: %s", exc)
+        return False
+    return True
 
 
 def _build(cc: str, target: Path) -> None:

@@ -8,7 +8,6 @@ by LoRA slot so that rows of one adapter form one contiguous segment.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import cpu_decode, kv_cache
+from workers.runner import kv_cache
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend
 from workers.runner.linear import linear_kernel, pick_linear_backend
@@ -25,8 +24,6 @@ from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -103,14 +100,6 @@ class ModelRunner:
             config.attention_backend, config.device, config.block_size, head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype)
-        if backend == "cpu":
-            try:  # built now (a second, once per machine), not mid-step
-                cpu_decode.load_library()
-            except RuntimeError as exc:
-                if config.attention_backend == "cpu":
-                    raise
-                logger.warning("CPU decode kernel unavailable, using torch attention: %s", exc)
-                backend = "torch"
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,

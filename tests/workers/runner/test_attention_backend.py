@@ -18,13 +18,19 @@ def test_auto_is_an_in_place_kernel_on_each_device():
     assert pick_attention_backend("torch", CPU, 16, 64) == "torch"
 
 
-def test_auto_on_cpu_keeps_torch_where_the_c_kernel_does_not_fit(monkeypatch):
+def test_auto_on_cpu_keeps_torch_where_the_c_kernel_does_not_fit():
     assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.bfloat16) == "torch"
     assert pick_attention_backend("auto", CPU, 16, 64, group=32) == "torch"
     assert pick_attention_backend("auto", CPU, 512, 64) == "torch"
-    monkeypatch.setattr(cpu_decode, "compiler", lambda: None)
+
+
+def test_a_kernel_that_does_not_build_is_torch_under_auto_and_an_error_if_asked(monkeypatch):
+    def no_compiler():
+        raise RuntimeError("the CPU decode kernel needs a C compiler (cc or gcc, or $CC)")
+
+    monkeypatch.setattr(cpu_decode, "load_library", no_compiler)
     assert pick_attention_backend("auto", CPU, 16, 64) == "torch"
-    with pytest.raises(ValueError, match="needs a C compiler"):
+    with pytest.raises(RuntimeError, match="needs a C compiler"):
         pick_attention_backend("cpu", CPU, 16, 64)
 
 
