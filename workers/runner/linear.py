@@ -13,6 +13,8 @@ it is private, so `pick_linear_backend` checks that it exists and falls back to 
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -20,6 +22,8 @@ import torch.nn.functional as F
 from torch import nn
 
 LinearKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+logger = logging.getLogger(__name__)
 
 LINEAR_BACKENDS = ("auto", "torch", "onednn")
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
@@ -30,8 +34,28 @@ def onednn_available() -> bool:
                                                               "_linear_pointwise")
 
 
+@functools.cache
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs oneDNN's matmul in `dtype`, by a tiny trial (once per dtype).
+
+    The build may have the op while the CPU lacks the instructions: bfloat16 needs AVX-512
+    (BF16/VNNI) or AMX, and on an AVX2-only CPU oneDNN answers "could not create a primitive
+    descriptor". A trial is the one test that cannot disagree with the op itself."""
+    if dtype not in _ONEDNN_DTYPES or not onednn_available():
+        return False
+    try:
+        x = torch.ones(2, 16, dtype=dtype)
+        out = onednn_linear(x, torch.ones(8, 16, dtype=dtype))
+    except RuntimeError as exc:
+        logger.info("oneDNN linear cannot run %s on this CPU (%s); using torch", dtype,
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return False
+    return bool(torch.all(out == 16).item())
+
+
 def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`auto` is oneDNN on CPU for float32/bfloat16 when this build has it, else torch.
+    """`auto` is oneDNN on CPU for float32/bfloat16 where this build and this CPU run it
+    (`onednn_runs`), else torch.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.
     """
@@ -41,10 +65,13 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
         return "torch"
     fits = device.type == "cpu" and dtype in _ONEDNN_DTYPES and onednn_available()
     if name == "auto":
-        return "onednn" if fits else "torch"
+        return "onednn" if fits and onednn_runs(dtype) else "torch"
     if not fits:
         raise ValueError("linear_backend 'onednn' needs a CPU device, float32 or bfloat16, "
                          "and a PyTorch built with oneDNN")
+    if not onednn_runs(dtype):
+        raise ValueError(f"linear_backend 'onednn' cannot run {dtype} on this CPU "
+                         "(bfloat16 needs AVX-512 BF16 or AMX)")
     return "onednn"
 
 

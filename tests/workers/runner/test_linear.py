@@ -7,12 +7,21 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from workers.runner.linear import Linear, onednn_available, onednn_linear, pick_linear_backend
+from workers.runner import linear
+from workers.runner.linear import (
+    Linear,
+    onednn_available,
+    onednn_linear,
+    onednn_runs,
+    pick_linear_backend,
+)
 from workers.runner.model import LlamaModel
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="PyTorch built without oneDNN")
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_runs(torch.bfloat16),
+                                       reason="this CPU cannot run oneDNN bfloat16")
 
 
 @needs_onednn
@@ -29,12 +38,19 @@ def test_onednn_linear_matches_f_linear(rows, bias):
 
 
 @needs_onednn
-def test_onednn_linear_reads_strided_inputs_and_bfloat16():
+def test_onednn_linear_reads_strided_inputs():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(16, 192, generator=gen)[:, ::2]  # every other column: not contiguous
     weight = torch.randn(32, 96, generator=gen)
     torch.testing.assert_close(onednn_linear(x, weight), F.linear(x, weight),
                                rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn_bf16
+def test_onednn_linear_bfloat16():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 192, generator=gen)[:, ::2]
+    weight = torch.randn(32, 96, generator=gen)
     xb, wb = x.bfloat16(), weight.bfloat16()
     torch.testing.assert_close(onednn_linear(xb, wb).float(), F.linear(xb, wb).float(),
                                rtol=2e-2, atol=2e-2)
@@ -54,7 +70,8 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
 def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
     expected = "onednn" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
-    assert pick_linear_backend("auto", CPU, torch.bfloat16) == expected
+    expected_bf16 = "onednn" if onednn_runs(torch.bfloat16) else "torch"
+    assert pick_linear_backend("auto", CPU, torch.bfloat16) == expected_bf16
     assert pick_linear_backend("auto", CPU, torch.float64) == "torch"
     assert pick_linear_backend("auto", CUDA, torch.bfloat16) == "torch"
     assert pick_linear_backend("torch", CPU, torch.float32) == "torch"
@@ -71,6 +88,37 @@ def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
 def test_impossible_backends_are_refused(name, device, dtype, match):
     with pytest.raises(ValueError, match=match):
         pick_linear_backend(name, device, dtype)
+
+
+@needs_onednn
+def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
+    """Simulate an AVX2-only CPU: the trial matmul fails as oneDNN fails there."""
+    real = linear.onednn_linear
+
+    def no_bf16(x, weight, bias=None):
+        if x.dtype == torch.bfloat16:
+            raise RuntimeError("could not create a primitive descriptor for a matmul primitive")
+        return real(x, weight, bias)
+
+    monkeypatch.setattr(linear, "onednn_linear", no_bf16)
+    linear.onednn_runs.cache_clear()
+    try:
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "torch"
+        assert pick_linear_backend("auto", CPU, torch.float32) == "onednn"
+        with pytest.raises(ValueError, match=r"cannot run torch\.bfloat16 on this CPU"):
+            pick_linear_backend("onednn", CPU, torch.bfloat16)
+    finally:
+        linear.onednn_runs.cache_clear()
+
+
+@needs_onednn
+def test_a_cpu_with_bfloat16_picks_onednn(monkeypatch):
+    monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
+    linear.onednn_runs.cache_clear()
+    try:
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn"
+    finally:
+        linear.onednn_runs.cache_clear()
 
 
 def test_use_linear_kernel_routes_every_projection_and_the_tied_head():
