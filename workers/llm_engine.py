@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ class PreparedRequest:
     params: SamplingParams
     cache_salt: str | None = None
     lora: str | None = None  # a registered adapter's name; None is the base model
+    grammar: Any = None  # params.structured, compiled (structured_backend); None: unconstrained
 
 
 @dataclass
@@ -55,6 +57,7 @@ class _Request:
     metrics: RequestMetrics
     cache_salt: str | None = None
     lora_id: int | None = None
+    grammar: Any = None  # compiled; each sample gets its own matcher of it
     samples: list[_Sample] = field(default_factory=list)
 
     @property
@@ -95,6 +98,8 @@ class LLMEngine:
         self._seqs: dict[int, Sequence] = {}
         self._seq_ids = itertools.count()
         self._arrivals = itertools.count()
+        self._grammars: Any = None  # StructuredBackend, built for the first structured request
+        self._grammars_lock = threading.Lock()
 
     @classmethod
     def from_args(cls, **kwargs: Any) -> LLMEngine:
@@ -172,9 +177,26 @@ class LLMEngine:
             )
         text, token_ids = self._tokenize(prompt)
         max_tokens = self._check_length(len(token_ids), params)
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise InvalidRequestError(
+                f"logit_bias token id {max(params.logit_bias)} is outside the vocabulary "
+                f"(size {self.vocab_size})", param="logit_bias")
+        # compiled here, so a bad schema is refused before anything is queued
+        grammar = self.grammars().compile(params.structured) if params.structured else None
         if params.max_tokens != max_tokens:
             params = dataclasses.replace(params, max_tokens=max_tokens)
-        return PreparedRequest(text, token_ids, params, cache_salt, lora)
+        return PreparedRequest(text, token_ids, params, cache_salt, lora, grammar)
+
+    def grammars(self) -> Any:
+        """The structured-outputs backend (a `StructuredBackend`), built on first use: it
+        reads the whole vocabulary once (a few hundred ms) and imports xgrammar."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from workers.runner.structured_backend import StructuredBackend
+
+                self._grammars = StructuredBackend(self.tokenizer, self.vocab_size,
+                                                   self.eos_token_ids)
+            return self._grammars
 
     def enqueue(
         self, request_id: str, prepared: PreparedRequest, *, priority: int = 0,
@@ -188,8 +210,11 @@ class LLMEngine:
         )
         loras = self._require_loras() if prepared.lora is not None else None
         entry = loras.get(prepared.lora) if loras and prepared.lora else None
+        if params.structured is not None and prepared.grammar is None:
+            raise InvalidRequestError("a structured request must come from prepare_request")
         request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
-                           prepared.cache_salt, entry.lora_id if entry else None)
+                           prepared.cache_salt, entry.lora_id if entry else None,
+                           prepared.grammar)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
@@ -403,10 +428,11 @@ class LLMEngine:
         if sample.logprobs is not None and logprob is not None:
             sample.logprobs.append(logprob)
         params = seq.sampling_params
+        grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
         if sample.detokenizer.append(token):
             sample.stop_reason = sample.detokenizer.stop_reason
             reason = FinishReason.STOP
-        elif not params.ignore_eos and token in self.eos_token_ids:
+        elif grammar_done or (not params.ignore_eos and token in self.eos_token_ids):
             reason = FinishReason.STOP
         elif token in params.stop_token_ids:
             reason, sample.stop_reason = FinishReason.STOP, token
@@ -420,6 +446,17 @@ class LLMEngine:
         sample.detokenizer.flush()
         seq.finish_reason = reason
         self.scheduler.finish(seq)
+
+    def _advance_grammar(self, seq: Sequence, token: int) -> bool:
+        """Feed a kept token to the sample's matcher; True once the grammar has ended (a stop
+        token where it was complete), whatever ignore_eos says."""
+        assert seq.grammar is not None
+        if seq.grammar.accept_token(token):
+            return seq.grammar.is_terminated()
+        # the mask made this impossible; if it happens, end the sample rather than go astray
+        logger.error("request %s: token %d is outside its grammar; ending the sample",
+                     seq.request_id, token)
+        return True
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -438,6 +475,7 @@ class LLMEngine:
             sample_index=index,
             cache_salt=request.cache_salt,
             lora_id=request.lora_id,
+            grammar=self.grammars().matcher(request.grammar) if request.grammar else None,
         )
         detokenizer = IncrementalDetokenizer(
             self.tokenizer,

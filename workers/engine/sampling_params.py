@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # structured.py imports InvalidRequestError from here
+    from workers.engine.structured import StructuredOutputs
+
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 class InvalidRequestError(ValueError):
@@ -35,6 +42,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # added to the logits, OpenAI's -100..100
+    structured: StructuredOutputs | None = None  # a grammar the output must follow
 
     MAX_LOGPROBS = 20
 
@@ -46,6 +55,13 @@ class SamplingParams:
         if self.top_k is None or self.top_k < 0:
             self.top_k = 0
         self._validate()
+        if self.logit_bias is not None:
+            self.logit_bias = _checked_logit_bias(self.logit_bias)
+        if self.structured is not None:
+            from workers.engine.structured import StructuredOutputs
+
+            if not isinstance(self.structured, StructuredOutputs):
+                raise InvalidRequestError("structured must be a StructuredOutputs")
 
     def _validate(self) -> None:
         checks = [
@@ -85,3 +101,24 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+
+def _checked_logit_bias(bias: object) -> dict[int, float]:
+    """Token id -> bias in [-100, 100]; ids are checked against the vocabulary later."""
+    if not isinstance(bias, dict):
+        raise InvalidRequestError("logit_bias must map token ids to numbers", param="logit_bias")
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise InvalidRequestError(f"logit_bias holds at most {MAX_LOGIT_BIAS_ENTRIES} entries",
+                                  param="logit_bias")
+    checked = {}
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise InvalidRequestError(f"logit_bias key {token!r} is not a token id",
+                                      param="logit_bias")
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise InvalidRequestError(
+                f"logit_bias values must be numbers in [-100, 100], not {value!r}",
+                param="logit_bias")
+        checked[token] = float(value)
+    return checked

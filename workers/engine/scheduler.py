@@ -20,6 +20,7 @@ from workers.engine.block_manager import BlockManager
 from workers.engine.queue_policy import PriorityFCFSQueue
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.structured import TokenMatcher
 
 
 @dataclass
@@ -38,6 +39,7 @@ class ScheduledChunk:
     seed: int | None
     lora_id: int | None = None
     lora_slot: int = -1  # set by the engine once slots are assigned; -1 is the base model
+    grammar: TokenMatcher | None = None  # the sequence's matcher, on sampling chunks only
 
     @property
     def num_tokens(self) -> int:
@@ -208,4 +210,5 @@ class Scheduler:
             num_output_tokens=seq.num_output_tokens,
             seed=seq.seed,
             lora_id=seq.lora_id,
+            grammar=seq.grammar if num_samples else None,
         )

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from workers.engine.sampling_params import SamplingParams
+from workers.engine.structured import TokenMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -86,6 +87,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, in order
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     lora_id: int | None = None  # the adapter, by registration; None is the base model
+    # structured outputs: advanced with every kept output token, so it survives preemption
+    grammar: TokenMatcher | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -3,7 +3,9 @@
 Input is the scheduler's plain `SchedulerOutput`; output is one `SampleResult` per sequence
 that samples this step. Single-token chunks (decodes, and one-token prefill tails) go first
 so attention serves them with one call; prefill chunks follow. Within each, rows are ordered
-by LoRA slot so that rows of one adapter form one contiguous segment.
+by LoRA slot so that rows of one adapter form one contiguous segment. Rows under a grammar
+(structured outputs) get a token mask from their matcher, filled on the CPU while the device
+computes the logits.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import kv_cache
+from workers.runner import kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend
 from workers.runner.linear import linear_kernel, pick_linear_backend
@@ -24,6 +26,7 @@ from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.sampler import SampleResult, SamplingRow, sample
+from workers.runner.token_mask import TokenMask
 
 
 @dataclass
@@ -156,8 +159,9 @@ class ModelRunner:
         if not sampling:
             return {}
         logits = self.model.compute_logits(hidden[sample_rows])
+        mask = self._token_mask(sampling)  # CPU work, overlapping the device's (on CUDA)
         rows = [self._sampling_row(c) for c in sampling]
-        results = sample(logits, rows, self.eos_token_ids)
+        results = sample(logits, rows, self.eos_token_ids, mask)
         return {c.seq_id: r for c, r in zip(sampling, results, strict=True)}
 
     def _prepare(
@@ -190,6 +194,14 @@ class ModelRunner:
             return None
         return LoRABatch.build(self.lora_slots, [(c.lora_slot, c.num_tokens) for c in chunks],
                                self.device)
+
+    def _token_mask(self, chunks: list[ScheduledChunk]) -> TokenMask | None:
+        """Allowed next tokens of the rows under a grammar; the others pay nothing."""
+        constrained = [i for i, c in enumerate(chunks) if c.grammar is not None]
+        if not constrained:
+            return None
+        matchers = [chunks[i].grammar for i in constrained]
+        return token_mask.fill(matchers, constrained, self.model.config.vocab_size, self.device)
 
     def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
         generator = None

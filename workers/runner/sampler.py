@@ -2,6 +2,9 @@
 
 Sampling uses the exponential-race trick (argmax of p / Exp(1) noise) so each seeded row
 draws its noise from its own generator: its tokens do not depend on the rest of the batch.
+
+Order per row: grammar mask (structured outputs), logit_bias, penalties, then temperature,
+top-k/top-p/min-p. Logprobs are those of the raw model distribution, as in vLLM.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import torch
 
 from workers.engine.outputs import TokenLogprob
 from workers.engine.sampling_params import SamplingParams
+from workers.runner import token_mask
+from workers.runner.token_mask import TokenMask
 
 TOP_WINDOW = 1024
 
@@ -32,10 +37,15 @@ class SampleResult:
     logprobs: list[TokenLogprob] | None
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: list[int]) -> list[
-    SampleResult
-]:
-    """logits: [len(rows), vocab] float32. Returns one result per row (num_samples tokens)."""
+def sample(
+    logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: list[int],
+    mask: TokenMask | None = None,
+) -> list[SampleResult]:
+    """logits: [len(rows), vocab] float32. Returns one result per row (num_samples tokens).
+
+    `mask` holds the allowed tokens of the constrained rows (indices into `rows`)."""
+    if mask is not None:
+        mask = _expand_mask(mask, rows)
     if any(row.num_samples != 1 for row in rows):
         index = torch.tensor(
             [i for i, row in enumerate(rows) for _ in range(row.num_samples)],
@@ -49,6 +59,9 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: list[in
     raw_logprobs = (
         torch.log_softmax(logits[want_logprobs], dim=-1) if want_logprobs else None
     )
+    if mask is not None:
+        token_mask.apply(logits, mask.rows, mask.bitmask)
+    _apply_logit_bias(logits, flat)
     _apply_penalties(logits, flat, eos_token_ids)
     tokens = _choose(logits, flat)
     token_list = tokens.tolist()
@@ -70,13 +83,41 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow], eos_token_ids: list[in
     return results
 
 
+def _expand_mask(mask: TokenMask, rows: list[SamplingRow]) -> TokenMask:
+    """Row indices -> flat (per-sample) indices: the samples of a row share its mask."""
+    starts, pos = [], 0
+    for row in rows:
+        starts.append(pos)
+        pos += row.num_samples
+    if pos == len(rows):
+        return mask
+    flat, picks = [], []
+    for k, i in enumerate(mask.rows):
+        flat.extend(range(starts[i], starts[i] + rows[i].num_samples))
+        picks.extend([k] * rows[i].num_samples)
+    index = torch.tensor(picks, device=mask.bitmask.device)
+    return TokenMask(flat, mask.bitmask.index_select(0, index))
+
+
+def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+    vocab = logits.shape[-1]
+    for i, row in enumerate(rows):
+        bias = row.params.logit_bias
+        if bias:
+            ids = torch.tensor([t for t in bias if t < vocab], device=logits.device)
+            values = torch.tensor([v for t, v in bias.items() if t < vocab],
+                                  device=logits.device, dtype=logits.dtype)
+            logits[i].index_add_(0, ids, values)
+
+
 def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], eos: list[int]) -> None:
     vocab = logits.shape[-1]
     for i, row in enumerate(rows):
         p = row.params
         if p.uses_penalties:
             _penalize(logits[i], row, vocab)
-        if row.num_output_tokens < p.min_tokens:
+        # a grammar decides where constrained output ends: min_tokens cannot outvote it
+        if row.num_output_tokens < p.min_tokens and p.structured is None:
             banned = [t for t in [*eos, *p.stop_token_ids] if t < vocab]
             logits[i, banned] = float("-inf")
 
