@@ -12,6 +12,9 @@ connections. Endpoints:
   the requested model, with usage; ``"stream": true`` gives SSE chunks, a usage chunk when
   ``stream_options.include_usage`` is set, then ``data: [DONE]``. ``max_tokens`` (or
   ``max_completion_tokens``) below the reply length cuts it with ``finish_reason: "length"``.
+- ``POST /v1/embeddings``: a deterministic vector per input (``dimensions`` long, else
+  ``EMBEDDING_DIM``), as floats or, with ``encoding_format: "base64"``, little-endian float32
+  bytes in base64; usage counts one token per 4 characters (or per token id).
 - ``GET /v1/models``: the configured model names.
 - Failure modes switched at runtime: ``POST /_mode`` with a :class:`MockMode` as JSON (an
   error status with optional ``retry_after``, dropped connections, streams cut after N
@@ -37,11 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import collections
+import hashlib
 import itertools
 import json
 import math
 import random
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -52,7 +58,8 @@ DEFAULT_REPLY = "Hello from the mock upstream."
 DEFAULT_MODELS = ("mock-model",)
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
-API_PATHS = ("/v1/chat/completions", "/v1/completions")
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+EMBEDDING_DIM = 8
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
     405: "Method Not Allowed", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
@@ -154,6 +161,8 @@ def _content_text(content: Any) -> str:
 
 def prompt_text(path: str, body: dict[str, Any]) -> str:
     """The prompt's text, for the prompt token count."""
+    if path == "/v1/embeddings":
+        return " ".join(t for t in embedding_inputs(body.get("input")) if isinstance(t, str))
     if path == "/v1/chat/completions":
         messages = body.get("messages") or []
         return " ".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
@@ -161,6 +170,23 @@ def prompt_text(path: str, body: dict[str, Any]) -> str:
     if isinstance(prompt, list):
         return " ".join(p for p in prompt if isinstance(p, str))
     return prompt if isinstance(prompt, str) else ""
+
+
+def embedding_inputs(value: Any) -> list[Any]:
+    """An embeddings ``input`` as a list of inputs (texts or token id lists)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return [value]
+    return value if isinstance(value, list) else []
+
+
+def mock_vector(item: Any, dim: int) -> list[float]:
+    """A unit vector that depends only on the input (a text or token ids) and ``dim``."""
+    seed = hashlib.sha256(json.dumps(item).encode()).digest()
+    values = [(seed[i % len(seed)] - 127.5) / 127.5 + i / (10 * dim) for i in range(dim)]
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return [struct.unpack("<f", struct.pack("<f", v / norm))[0] for v in values]
 
 
 def reply_pieces(reply: str, limit: Any) -> tuple[list[str], str]:
@@ -238,7 +264,10 @@ class MockUpstream:
             return MockResponse(400, error_body(
                 f"This model's maximum context length is {window} tokens.",
                 "invalid_request_error", "context_length_exceeded"), delay_s=delay)
-        resp = self._completion(req.path, body)
+        if req.path == "/v1/embeddings":
+            resp = self._embeddings(body)
+        else:
+            resp = self._completion(req.path, body)
         resp.delay_s = delay
         if mode.chunk_delay_ms is not None:
             resp.chunk_delay_s = mode.chunk_delay_ms / 1000.0
@@ -292,6 +321,29 @@ class MockUpstream:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "mock"}
                 for m in self.config.models]
         return MockResponse(200, _json({"object": "list", "data": data}))
+
+    # -- embeddings
+
+    def _embeddings(self, body: dict[str, Any]) -> MockResponse:
+        inputs = embedding_inputs(body.get("input"))
+        if not inputs or any(not item for item in inputs):
+            return MockResponse(400, error_body("'input' must hold non-empty inputs",
+                                                "invalid_request_error"))
+        dim = body.get("dimensions") or EMBEDDING_DIM
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= 4096:
+            return MockResponse(400, error_body("bad 'dimensions'", "invalid_request_error"))
+        base64_wanted = body.get("encoding_format") == "base64"
+        data = []
+        for index, item in enumerate(inputs):
+            vector = mock_vector(item, dim)
+            embedding: Any = vector
+            if base64_wanted:
+                embedding = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            data.append({"object": "embedding", "index": index, "embedding": embedding})
+        tokens = sum(count_tokens(i) if isinstance(i, str) else len(i) for i in inputs)
+        return MockResponse(200, _json({"object": "list", "data": data, "model": body["model"],
+                                        "usage": {"prompt_tokens": tokens,
+                                                  "total_tokens": tokens}}))
 
     # -- completions
 

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
-from gateway.routes import adapters, health, metrics, openai, tenant, usage
+from gateway.routes import adapters, embeddings, health, metrics, openai, tenant, usage
 from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
 from gateway.state import close_state, open_state
@@ -45,6 +45,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(openai.router)
+    app.include_router(embeddings.router)
     app.include_router(usage.router)  # before tenant's: its /v1/usage supersedes that one
     app.include_router(tenant.router)
     app.include_router(adapters.router)

@@ -39,6 +39,17 @@ class Settings(BaseSettings):
     embedded_max_loras: int = 4  # adapters in device slots at once
     embedded_max_lora_rank: int = 16
     embedded_max_cpu_loras: int | None = None  # loaded copies in host memory; None: 4 * max_loras
+    # POST /v1/embeddings from an embedding model in this process (docs/gateway.md,
+    # "Embeddings"): "default" (the bundled all-MiniLM-L6-v2), a model folder, or "none".
+    embedding_model: str = "default"
+    embedding_model_name: str = "all-minilm-l6-v2"
+    embedding_device: str | None = None  # None: CPU
+    embedding_input_price_per_1m: Decimal = Decimal("0.01")  # USD; embeddings have no output
+    embedding_tier: str = "economy"
+    # Micro-batching: concurrent requests share forwards of at most this many rows, and of
+    # rows x longest row tokens.
+    embedding_max_batch_rows: int = 64
+    embedding_max_batch_tokens: int = 16_384
     # Uploaded adapter files, one folder each. Shared storage when several replicas serve.
     adapter_dir: Path = Path(".switchboard-adapters")
     max_adapter_upload_bytes: int = 256 << 20

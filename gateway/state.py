@@ -7,6 +7,7 @@ import hashlib
 import logging
 import ssl
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,7 @@ from gateway.deployments import DeploymentConfig, DeploymentRegistry
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
 from gateway.deployments.discovery import WorkerDiscovery
+from gateway.deployments.embedding import build_embedding_deployment
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
 from gateway.deployments.worker import WorkerDeployment, client_tls
@@ -87,6 +89,12 @@ class GatewayState:
 
     def build_deployment(self, config: DeploymentConfig,
                          engine: AsyncLLMEngine | None = None) -> Deployment:
+        if config.mode == "embedding":
+            return build_embedding_deployment(
+                config, pool=self.http, worker_secret=self.settings.worker_secret,
+                worker_tls=self.worker_tls, device=self.settings.embedding_device,
+                max_batch_rows=self.settings.embedding_max_batch_rows,
+                max_batch_tokens=self.settings.embedding_max_batch_tokens)
         if config.provider == "worker":
             return WorkerDeployment(config, self.http, secret=self.settings.worker_secret,
                                     stats_interval_s=self.settings.worker_stats_interval_s,
@@ -212,6 +220,12 @@ def _configured(settings: Settings, engine: AsyncLLMEngine | None
             capabilities=Capabilities(adapters=settings.embedded_enable_lora),
             shared_prefix_cache=settings.embedded_shared_prefix_cache,
         ))
+    if settings.embedding_model != "none":
+        configs.append(DeploymentConfig(
+            name="embedded-embedding", model_name=settings.embedding_model_name,
+            provider="embedded", mode="embedding", upstream_model=settings.embedding_model,
+            tier=settings.embedding_tier, input_price_per_1m=settings.embedding_input_price_per_1m,
+            output_price_per_1m=Decimal(0)))
     if settings.deployments_file is not None:
         routing = load_routing_file(settings.deployments_file)
         configs.extend(routing.deployments)

@@ -81,15 +81,21 @@ class DeploymentRegistry:
     def aliases(self) -> list[AliasConfig]:
         return list(self._aliases.values())
 
-    def route(self, model: str) -> Route:
-        """The deployments that may serve `model`: an alias's, `auto`'s (all), or the model's."""
+    def route(self, model: str, *, mode: str = "chat") -> Route:
+        """The deployments that may serve `model` in `mode` ("chat" or "embedding"): an
+        alias's, `auto`'s (all), or the model's. A model with no deployment in that mode keeps
+        its others, which refuse the request with a 400 naming the endpoint that serves them."""
         alias = self._aliases.get(model)
         if alias is not None:
-            found = [self._by_name[n] for n in alias.deployments if n in self._by_name]
+            found = [self._by_name[n] for n in alias.deployments
+                     if n in self._by_name and self._by_name[n].config.mode == mode]
             return Route(found, alias.policy, alias=True)
         if model == AUTO:
-            return Route(list(self._by_name.values()), "cost", alias=True)
-        return Route(list(self._by_model.get(model, ())), "cost", alias=False)
+            return Route([d for d in self._by_name.values() if d.config.mode == mode], "cost",
+                         alias=True)
+        chain = self._by_model.get(model, [])
+        return Route([d for d in chain if d.config.mode == mode] or list(chain), "cost",
+                     alias=False)
 
     def models(self) -> list[str]:
         """Deployed model names (aliases and `auto` are listed separately)."""

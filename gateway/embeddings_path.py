@@ -1,0 +1,231 @@
+"""The request path of an embeddings request, in order: the completions path's steps, reused.
+
+    authenticate key (cached) -> read and validate the body -> route: the name to the embedding
+    deployments to try (the router's own key, plan and tier checks, over embedding
+    deployments only) -> prepare the call on the first whose window holds every input (exact
+    token counts for the model in this process) -> reserve limits and budget atomically (429)
+    -> dispatch with fallbacks until one deployment answers (a client that disconnects aborts
+    it) -> settle the reservation to the real input tokens and meter them.
+
+There is no response cache and no stream: an embedding is cheap to recompute and comes whole.
+The reservation is settled exactly once per admitted request, whatever happens after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import cast
+
+from opentelemetry.trace import INVALID_SPAN, Span
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from billing.pricing import charge
+from gateway.admission import admission_request, ratelimit_headers, refusal
+from gateway.deployments.base import Call, Deployment
+from gateway.deployments.embedding import EmbeddingDeployment, not_an_embedding_model
+from gateway.deployments.registry import DeploymentRegistry, Route
+from gateway.errors import APIError
+from gateway.observability import tracing as attr
+from gateway.observability.logs import bind_tenant, note
+from gateway.observability.tracing import Dispatches, annotate, current_span
+from gateway.request_path import (
+    Clock,
+    _asked_tier,
+    first_that_fits,
+    read_body,
+    until_done_or_disconnect,
+    validation_error,
+)
+from gateway.routing.fallback import AllAttemptsFailed, Served
+from gateway.routing.health import DeploymentHealth
+from gateway.routing.router import plan_route
+from gateway.schemas.embeddings import EmbeddingRequest, check_inputs
+from gateway.state import GatewayState
+from tenancy.context import KeyContext
+from tenancy.limits import AdmissionRequest
+
+
+async def serve_embeddings(request: Request) -> Response:
+    clock = Clock()
+    gw: GatewayState = request.app.state.gateway
+    scope_state = request.scope["state"]
+    tracing, span = gw.tracing, current_span()
+    with tracing.span("auth"):
+        key = await gw.keys.tenant(request.headers.get("authorization"))
+    bind_tenant(key.tenant_id)
+    body = parse_body(await read_body(request, gw.settings.max_body_bytes))
+    annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
+    with tracing.span("route"):
+        plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
+                                gw.adapters, key, body.model, tier=_asked_tier(request),
+                                logprobs=False)
+    if not isinstance(plan.order[0], EmbeddingDeployment):
+        raise not_an_embedding_model(body.model)
+    dispatches = tracing.dispatches()
+
+    def prepare(deployment: Deployment) -> Call:
+        if not isinstance(deployment, EmbeddingDeployment):
+            raise not_an_embedding_model(body.model)
+        call = deployment.prepare_embedding(body)
+        dispatches.prepared(call, deployment.name)
+        return call
+
+    with tracing.span("prepare"):
+        order, call = first_that_fits(plan, prepare)
+    request_id = f"emb-{uuid.uuid4().hex}"
+    admission = admission_request(request_id=request_id, key=key, call=call,
+                                  price=order[0].price)
+    with tracing.span("limits") as limits:
+        decision = await gw.limiter.admit(admission)
+        annotate(limits, {"switchboard.admitted": decision.admitted,
+                          "switchboard.refused_by": decision.reason})
+    if not decision.admitted:
+        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
+                           model=gw.metrics.model_label(order[0].config.model_name,
+                                                        adapter=False))
+        raise refusal(decision)
+    headers = ratelimit_headers(decision)
+    bill = EmbeddingBill(gw, key, order[0], call, admission, scope_state["request_id"], clock,
+                         span=span, dispatches=dispatches)
+    try:
+        clock.dispatched()
+        work = gw.fallbacks.serve(order, call, stream=False, request_id=request_id,
+                                  prepare=prepare, on_call=bill.attempt)
+        try:
+            served = await until_done_or_disconnect(work, request.receive)
+        finally:
+            scope_state["upstream_s"] = bill.upstream_s()
+        if served is None:
+            bill.close("aborted")
+            return Response(status_code=499)
+        bill.served(served)
+        clock.first_byte()
+        assert isinstance(served.result, bytes)
+        bill.close("ok")
+        headers["x-switchboard-deployment"] = served.deployment.name
+        headers["x-switchboard-attempts"] = str(served.attempts)
+        return Response(served.result, media_type="application/json", headers=headers)
+    except AllAttemptsFailed as exc:
+        bill.close("error")
+        failure = exc.last
+        extra = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        raise APIError(failure.status, failure.message, type_="server_error", code=failure.code,
+                       headers={**headers, **extra,
+                                "x-switchboard-attempts": str(exc.attempts)}) from None
+    except BaseException:
+        bill.close("error")
+        raise
+
+
+def parse_body(raw: bytes) -> EmbeddingRequest:
+    """The body, or a 400 naming what is wrong with it (worded as the completions path's)."""
+    try:
+        body = EmbeddingRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    check_inputs(body.inputs())
+    return body
+
+
+class EmbeddingRoutes:
+    """The registry as the router sees it for embeddings: a name's embedding deployments
+    (`auto` and aliases included), so key scopes, tiers, health and policy apply unchanged."""
+
+    def __init__(self, registry: DeploymentRegistry) -> None:
+        self._registry = registry
+
+    def route(self, model: str) -> Route:
+        return self._registry.route(model, mode="embedding")
+
+    def health(self, name: str) -> DeploymentHealth:
+        return self._registry.health(name)
+
+
+@dataclass
+class EmbeddingBill:
+    """An admitted embeddings request: settled and metered exactly once, however it ends.
+
+    Input tokens only: the usage record has no completion tokens and is priced at the
+    deployment's input price (with the plan's markup), like any other row of the ledger, so
+    usage reports, exports and invoices show it beside completions."""
+
+    gw: GatewayState
+    key: KeyContext
+    deployment: Deployment
+    call: Call
+    admission: AdmissionRequest
+    request_id: str
+    clock: Clock
+    calls: list[Call] = field(default_factory=list)
+    release: Callable[[], None] = field(default=lambda: None, repr=False)
+    closed: bool = False
+    span: Span = field(default=INVALID_SPAN, repr=False)
+    dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
+
+    def attempt(self, call: Call) -> None:
+        """A deployment is being tried with `call` (usage is counted on the latest)."""
+        self.dispatches.started(call)
+        if call is not self.call:
+            self.calls.append(self.call)
+            self.call = call
+
+    def served(self, served: Served) -> None:
+        self.deployment = served.deployment
+        self.attempt(served.call)
+        self.release = served.release
+
+    def upstream_s(self) -> float:
+        return sum(c.upstream_s for c in (*self.calls, self.call))
+
+    def close(self, status: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.release()
+        usage = self.call.usage
+        tokens = usage.prompt_tokens if usage.finished else 0
+        cost = charge(self.deployment.price.rates(), prompt_tokens=tokens, completion_tokens=0,
+                      markup_bp=self.key.plan.price_markup_bp)
+        now = time.perf_counter()
+        model = self.call.request.model
+        self.gw.meter.record(
+            request_id=self.request_id, tenant_id=self.key.tenant_id, key_id=self.key.key_id,
+            model=model, deployment=self.deployment.name, adapter="",
+            tier=self.deployment.config.tier, prompt_tokens=tokens, completion_tokens=0,
+            cached_tokens=0, input_cost_micros=cost.input_micros, output_cost_micros=0,
+            cached_cost_micros=0, cost_micros=cost.total_micros,
+            price_id=self.deployment.price.price_id, status=status, cache_hit="none",
+            queue_ms=self.clock.ms(self.clock.dispatch or now),
+            ttft_ms=self.clock.ms(self.clock.first or now), total_ms=self.clock.ms(now),
+            started_at=self.clock.started_at, created_at=datetime.now(UTC),
+        )
+        metrics = self.gw.metrics
+        metrics.finished(
+            tenant=self.key.tenant_id, status=status, cache="none",
+            model=metrics.model_label(self.deployment.config.model_name, adapter=False),
+            prompt_tokens=tokens, completion_tokens=0, cached_tokens=0,
+            cost_micros=cost.total_micros, ttft_s=None, total_s=now - self.clock.start,
+            streamed=False)
+        self.dispatches.finish(status)
+        annotate(self.span, {
+            attr.STATUS: status, attr.DEPLOYMENT: self.deployment.name,
+            attr.CACHE_HIT: "none", attr.ATTEMPTS: self.dispatches.attempts,
+            attr.INPUT_TOKENS: tokens, attr.OUTPUT_TOKENS: 0, attr.CACHED_TOKENS: 0})
+        note(model=model, deployment=self.deployment.name, outcome=status, cache="none",
+             prompt_tokens=tokens, completion_tokens=0, cached_tokens=0,
+             cost_micros=cost.total_micros)
+        # Settling awaits the limiter; run it on its own so a cancelled request still settles.
+        self._background(self.gw.limiter.settle(self.admission, tokens=tokens,
+                                                cost_micros=cost.total_micros))
+
+    def _background(self, work: Awaitable[None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        self.gw.background.add(task)
+        task.add_done_callback(self.gw.background.discard)

@@ -1,0 +1,15 @@
+"""OpenAI-compatible embeddings, for tenant keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gateway.embeddings_path import serve_embeddings
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+@router.post("/embeddings")
+async def embeddings(request: Request) -> Response:
+    return await serve_embeddings(request)
