@@ -31,20 +31,25 @@ def fill(matchers: list[Any], rows: list[int], vocab_size: int, device: torch.de
 
 def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab_size] bool (True = allowed)."""
+    return ~_disallowed(bitmask, vocab_size)
+
+
+def _disallowed(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+    return (((bitmask.unsqueeze(-1) >> shifts) & 1) == 0).flatten(1)[:, :vocab_size]
 
 
 def apply(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     """Disallowed tokens of `rows` get -inf, in place. Ids past the mask's width (a model
     vocabulary padded beyond the tokenizer's) are disallowed too."""
     vocab = logits.shape[-1]
-    allowed = unpack(bitmask, min(vocab, bitmask.shape[-1] * 32))
-    if allowed.shape[-1] < vocab:
-        pad = torch.zeros(len(rows), vocab - allowed.shape[-1], dtype=torch.bool,
-                          device=allowed.device)
-        allowed = torch.cat([allowed, pad], dim=-1)
+    banned = _disallowed(bitmask, min(vocab, bitmask.shape[-1] * 32))
+    if banned.shape[-1] < vocab:
+        pad = torch.ones(len(rows), vocab - banned.shape[-1], dtype=torch.bool,
+                         device=banned.device)
+        banned = torch.cat([banned, pad], dim=-1)
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(banned, float("-inf"))
+        return
     index = torch.tensor(rows, device=logits.device)
-    masked = logits.index_select(0, index).masked_fill_(~allowed, float("-inf"))
-    logits.index_copy_(0, index, masked)
+    logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(banned, float("-inf")))
