@@ -42,7 +42,12 @@ from gateway.observability.tracing import Dispatches, annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import AllAttemptsFailed, Served, TooLong
 from gateway.routing.router import RoutePlan, plan_route
-from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
+from gateway.schemas.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    FieldError,
+    OpenAIRequest,
+)
 from gateway.sse import DONE, StreamAssembler, replay
 from gateway.state import GatewayState
 from tenancy.context import KeyContext
@@ -70,7 +75,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
     with tracing.span("route"):
         plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                                tier=_asked_tier(request), logprobs=body.wants_logprobs)
+                                tier=_asked_tier(request), logprobs=body.wants_logprobs,
+                                request=body)
     dispatches = tracing.dispatches()
 
     def prepare(deployment: Deployment) -> Call:
@@ -223,6 +229,10 @@ def validation_error(exc: ValidationError) -> APIError:
     if first["type"] in ("json_invalid", "json_type"):
         return bad_request("We could not parse the JSON body of your request: "
                            f"{first['msg']}.", code="invalid_json")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        return bad_request(f"Invalid value for '{cause.param}': {cause}.", param=cause.param,
+                           code="invalid_value")
     loc = [str(p) for p in first["loc"] if not _is_type_tag(str(p))]
     param = ".".join(loc[:4])
     if first["type"] == "missing":

@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.async_engine import AsyncLLMEngine
-from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
-from workers.engine.sampling_params import InvalidRequestError
+from workers.engine.outputs import RequestOutput, TokenLogprob
+from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.sequence import RequestMetrics
+from workers.engine.structured import StructuredOutputs
+from workers.events import Delta
 from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
-
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+from workers.tools.choice import ToolPlan, tool_plan
+from workers.tools.processor import ChoiceProcessor, fold, sse_delta
+from workers.tools.render import render_chat
 
 
 @dataclass
@@ -49,6 +52,7 @@ class PreparedCall:
     chat: bool
     request: PreparedRequest
     model: str  # as the response names it: the base model, or "base:adapter"
+    tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
     usage: Usage = field(default_factory=Usage)
     metrics: RequestMetrics | None = None  # the engine's timings, from the latest output
 
@@ -79,7 +83,9 @@ class EmbeddedClient:
         `cache_salt` is the prefix-cache namespace (the gateway passes the tenant); `lora` the
         engine's name of a registered adapter, and `model` what responses call the model."""
         params = sampling_params(body, chat=chat)
-        prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer)
+        tools = tool_plan(body) if chat else ToolPlan("none")
+        _constrain_tool_calls(params, tools)
+        prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer, tools=tools)
         try:
             prepared = self.engine._require_engine().prepare_request(
                 prompt, params, cache_salt=cache_salt, lora=lora)
@@ -87,7 +93,7 @@ class EmbeddedClient:
             if chat and exc.param == "prompt":
                 exc.param = "messages"
             raise
-        call = PreparedCall(chat, prepared, model or self.model_name)
+        call = PreparedCall(chat, prepared, model or self.model_name, tools)
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
@@ -134,22 +140,29 @@ class EmbeddedClient:
             async for out in rest:
                 yield out
 
+        processors: dict[int, ChoiceProcessor] = {}
         try:
             async for out in outputs():
                 _count(call, out)
                 choices = []
                 for c in out.outputs:
                     is_first = c.index not in sent
-                    delta = c.text[sent.get(c.index, 0):]
-                    if not delta and c.finish_reason is None and not is_first:
-                        continue
+                    processor = processors.get(c.index)
+                    if processor is None:
+                        processor = processors[c.index] = ChoiceProcessor(c.index, call.tools)
+                    deltas = processor.feed(c.text[sent.get(c.index, 0):])
                     sent[c.index] = len(c.text)
-                    choice = self._choice_delta(c, delta, is_first, call.chat)
-                    if c.logprobs is not None:
+                    finish_reason = None
+                    if c.finish_reason is not None:
+                        last, finish_reason = processor.finish(c.finish_reason)
+                        deltas += last
+                    logprobs = None
+                    if c.logprobs is not None and len(c.logprobs) > sent_logprobs.get(c.index, 0):
                         start = sent_logprobs.get(c.index, 0)
-                        choice["logprobs"] = self._logprobs(c.logprobs[start:], call.chat)
+                        logprobs = self._logprobs(c.logprobs[start:], call.chat)
                         sent_logprobs[c.index] = len(c.logprobs)
-                    choices.append(choice)
+                    choices += self._choice_deltas(c.index, deltas, is_first, call.chat,
+                                                   finish_reason, logprobs)
                 if choices:
                     yield chunk(choices)
             call.usage.finished = True
@@ -160,17 +173,31 @@ class EmbeddedClient:
             await rest.aclose()  # type: ignore[attr-defined]
 
     @staticmethod
-    def _choice_delta(
-        c: CompletionOutput, delta: str, is_first: bool, chat: bool
-    ) -> dict[str, Any]:
-        if chat:
-            piece: dict[str, Any] = {"content": delta}
-            if is_first:
-                piece["role"] = "assistant"
-            return {"index": c.index, "delta": piece, "logprobs": None,
-                    "finish_reason": c.finish_reason}
-        return {"index": c.index, "text": delta, "logprobs": None,
-                "finish_reason": c.finish_reason}
+    def _choice_deltas(index: int, deltas: list[Delta], is_first: bool, chat: bool,
+                       finish_reason: str | None, logprobs: dict[str, Any] | None
+                       ) -> list[dict[str, Any]]:
+        """One stream choice per delta (OpenAI sends content and each tool-call piece in
+        chunks of their own); the first carries the role, the last the finish reason."""
+        pieces: list[dict[str, Any]] = [sse_delta(d) for d in deltas]
+        if not pieces and (is_first or finish_reason is not None or logprobs is not None):
+            pieces = [{"content": ""} if is_first or logprobs is not None else {}]
+        out = []
+        for i, piece in enumerate(pieces):
+            if chat:
+                if is_first and i == 0:
+                    piece = {"role": "assistant", **piece}
+                    if "tool_calls" in piece:
+                        piece["content"] = None
+                choice: dict[str, Any] = {"index": index, "delta": piece, "logprobs": None,
+                                          "finish_reason": None}
+            else:
+                choice = {"index": index, "text": piece.get("content", ""), "logprobs": None,
+                          "finish_reason": None}
+            out.append(choice)
+        if out:
+            out[0]["logprobs"] = logprobs
+            out[-1]["finish_reason"] = finish_reason
+        return out
 
     def _response(self, out: RequestOutput, call: PreparedCall, request_id: str) -> dict[str, Any]:
         choices = []
@@ -179,7 +206,10 @@ class EmbeddedClient:
             choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
                                       "logprobs": logprobs}
             if call.chat:
-                choice["message"] = {"role": "assistant", "content": c.text}
+                processor = ChoiceProcessor(c.index, call.tools)
+                message = fold(processor.feed(c.text))
+                last, choice["finish_reason"] = processor.finish(c.finish_reason)
+                choice["message"] = fold(last, into=message).as_openai()
             else:
                 choice["text"] = c.text
             choices.append(choice)
@@ -218,13 +248,23 @@ def _count(call: PreparedCall, out: RequestOutput) -> None:
     usage.completion_tokens = sum(len(c.token_ids) for c in out.outputs)
 
 
-def _prompt(body: dict[str, Any], *, chat: bool, tokenizer: Any) -> str | list[int]:
+def _constrain_tool_calls(params: SamplingParams, tools: ToolPlan) -> None:
+    """`required` and a named function constrain decoding to valid calls (a JSON schema)."""
+    schema = tools.schema()
+    if schema is None:
+        return
+    if params.structured is not None:
+        raise InvalidRequestError("tool_choice 'required' or a named function cannot be "
+                                  "combined with response_format or structured outputs",
+                                  param="tool_choice")
+    params.structured = StructuredOutputs(json=schema, param="tools")
+
+
+def _prompt(body: dict[str, Any], *, chat: bool, tokenizer: Any,
+            tools: ToolPlan) -> str | list[int]:
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequestError("'messages' must be a non-empty list", param="messages")
-        rendered = [_message(m, i) for i, m in enumerate(messages)]
-        return tokenizer.apply_chat_template(rendered, tokenize=False, add_generation_prompt=True)
+        shown = tools.tools if tools.parses else None
+        return render_chat(tokenizer, body.get("messages"), tools=shown)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -234,26 +274,3 @@ def _prompt(body: dict[str, Any], *, chat: bool, tokenizer: Any) -> str | list[i
     ):
         return prompt
     raise InvalidRequestError("'prompt' must be a string or a list of token ids", param="prompt")
-
-
-def _message(message: Any, index: int) -> dict[str, str]:
-    """One chat message as the template wants it; content parts must be text."""
-    param = f"messages.{index}"
-    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
-        raise InvalidRequestError(
-            f"{param} must be an object with role one of {', '.join(CHAT_ROLES)}", param=param
-        )
-    content = message.get("content")
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise InvalidRequestError(f"{param}.content: only text parts are supported",
-                                          param=f"{param}.content")
-            parts.append(part["text"])
-        content = "".join(parts)
-    if not isinstance(content, str):
-        raise InvalidRequestError(f"{param}.content must be a string", param=f"{param}.content")
-    role = "system" if message["role"] == "developer" else message["role"]
-    return {"role": role, "content": content}

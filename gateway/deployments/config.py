@@ -21,10 +21,21 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9.
 
 
 class Capabilities(BaseModel):
+    """What a deployment can do with a request's optional features. Routing sends a request
+    only where every feature it uses is supported; where none is, the client gets a 400
+    naming the field (`gateway.features`). Defaults describe an OpenAI-compatible upstream;
+    the embedded engine reports its own (`EmbeddedDeployment`)."""
+
     model_config = ConfigDict(extra="forbid")
 
     adapters: bool = False  # serves tenants' LoRA adapters (the embedded engine with LoRA on)
     logprobs: bool = True
+    tools: bool = True  # tools, tool_choice, tool messages and assistant tool_calls
+    json_schema: bool = True  # response_format json_object / json_schema
+    images: bool = False  # image_url / input_image content parts
+    audio: bool = False  # input_audio content parts
+    files: bool = False  # file content parts
+    logit_bias: bool = True
 
 
 class DeploymentConfig(BaseModel):
@@ -33,6 +44,8 @@ class DeploymentConfig(BaseModel):
     name: Name
     model_name: Annotated[str, Field(min_length=1, max_length=512)]  # what clients ask for
     provider: Provider
+    # "chat": /v1/chat/completions and /v1/completions; "embedding": /v1/embeddings only.
+    mode: Literal["chat", "embedding"] = "chat"
     # The upstream's model: a path or "default" (embedded), the worker's model name, or a
     # litellm model string such as "openai/gpt-4o-mini".
     upstream_model: str | None = None
@@ -47,6 +60,10 @@ class DeploymentConfig(BaseModel):
     cached_input_price_per_1m: Annotated[Decimal, Field(ge=0)] | None = None
     context_window: Annotated[int, Field(ge=1)] = 8192
     capabilities: Capabilities = Field(default_factory=Capabilities)
+    # Request fields outside OpenAI's schema (vendor extras) that this deployment forwards as
+    # sent; any other unknown field is a 400. Never applies to the embedded engine.
+    passthrough_fields: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]],
+                                  Field(max_length=64)] = Field(default_factory=list)
     weight: Annotated[int, Field(ge=1, le=1000)] = 1  # share among equally good deployments
     max_concurrency: Annotated[int, Field(ge=1)] | None = None  # in flight, per replica
     timeout_s: Annotated[float, Field(gt=0)] = 600.0

@@ -11,7 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.deployments.base import Deployment
+from gateway.features import Refusal, unsupported
 from gateway.routing.health import DeploymentHealth
+from gateway.schemas.openai import OpenAIRequest
 
 # Where an adapter lives on a deployment, best first; anything else (not registered) is last.
 RESIDENCY_RANK = {"device": 0, "cpu": 1, "disk": 2}
@@ -23,6 +25,7 @@ class Needs:
 
     logprobs: bool = False
     adapter: str | None = None  # the adapter's engine name, for affinity
+    request: OpenAIRequest | None = None  # its fields, each of which the deployment must serve
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +37,21 @@ class Ranked:
     unhealthy: int = 0
     busy: int = 0
     retry_in_s: float | None = None  # the soonest a left-out breaker allows a probe
+    refusal: tuple[str, Refusal] | None = None  # the first deployment left out for a field
 
 
 def capable(deployment: Deployment, needs: Needs) -> bool:
-    caps = deployment.config.capabilities
-    if needs.logprobs and not caps.logprobs:
-        return False
-    return needs.adapter is None or deployment.serves_adapters
+    return refusal_of(deployment, needs) is None and (
+        needs.adapter is None or deployment.serves_adapters)
+
+
+def refusal_of(deployment: Deployment, needs: Needs) -> Refusal | None:
+    """The field of the request this deployment cannot serve, if any."""
+    if needs.logprobs and not deployment.config.capabilities.logprobs:
+        return Refusal("logprobs", "is not supported by the model")
+    if needs.request is None:
+        return None
+    return unsupported(deployment.config, needs.request)
 
 
 def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHealth],
@@ -49,10 +60,14 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
     usable: list[Deployment] = []
     incapable = unhealthy = busy = 0
     retry_in: float | None = None
+    first_refusal: tuple[str, Refusal] | None = None
     for d in deployments:
         h = health(d.name)
         if not capable(d, needs):
             incapable += 1
+            refused = refusal_of(d, needs)
+            if refused is not None and first_refusal is None:
+                first_refusal = (d.name, refused)
         elif not d.accepting:
             unhealthy += 1
         elif not h.breaker.available():
@@ -68,7 +83,7 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
         usable = _by_cost(usable, health, needs, rng)
     elif needs.adapter is not None:
         usable.sort(key=lambda d: _residency(d, needs.adapter))  # stable: config order next
-    return Ranked(usable, incapable, unhealthy, busy, retry_in)
+    return Ranked(usable, incapable, unhealthy, busy, retry_in, first_refusal)
 
 
 def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth],

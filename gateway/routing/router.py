@@ -15,7 +15,9 @@ from gateway.adapters.cache import AdapterCache
 from gateway.deployments.base import AdapterRef, Deployment, engine_adapter_name
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError, bad_request, forbidden, model_not_found, unavailable
+from gateway.features import Refusal
 from gateway.routing.policy import Needs, rank
+from gateway.schemas.openai import OpenAIRequest
 from tenancy.context import KeyContext
 
 
@@ -28,6 +30,7 @@ class RoutePlan:
 
 async def plan_route(registry: DeploymentRegistry, adapters: AdapterCache, key: KeyContext,
                      model: str, *, tier: str | None, logprobs: bool,
+                     request: OpenAIRequest | None = None,
                      rng: random.Random | None = None) -> RoutePlan:
     """404 for models that don't exist (another tenant's adapter is exactly that); 403 for what
     the key or plan may not use; 400 for what no deployment can do; 503 when every deployment
@@ -50,11 +53,12 @@ async def plan_route(registry: DeploymentRegistry, adapters: AdapterCache, key: 
     if not chain:
         raise model_not_found(model)
     chain = _permitted(key, chain, asked=model, tier=tier)
-    needs = Needs(logprobs=logprobs, adapter=None if adapter is None else adapter.engine_name)
+    needs = Needs(logprobs=logprobs, adapter=None if adapter is None else adapter.engine_name,
+                  request=request)
     ranked = rank(chain, registry.health, needs, policy=route.policy, rng=rng)
     if not ranked.order:
         raise _no_deployment(model, ranked.incapable, ranked.busy, ranked.retry_in_s,
-                             total=len(chain), logprobs=logprobs)
+                             total=len(chain), logprobs=logprobs, refusal=ranked.refusal)
     return RoutePlan(ranked.order, adapter, model_key)
 
 
@@ -83,7 +87,13 @@ def _permitted(key: KeyContext, chain: list[Deployment], *, asked: str, tier: st
 
 
 def _no_deployment(model: str, incapable: int, busy: int, retry_in_s: float | None, *,
-                   total: int, logprobs: bool) -> APIError:
+                   total: int, logprobs: bool,
+                   refusal: tuple[str, Refusal] | None = None) -> APIError:
+    if incapable == total and refusal is not None:
+        name, why = refusal
+        return bad_request(f"Unsupported parameter: '{why.param}' {why.reason} "
+                           f"(model '{model}', deployment '{name}').", param=why.param,
+                           code="unsupported_parameter")
     if incapable == total:
         what = "logprobs" if logprobs else "this request"
         return bad_request(f"No deployment of '{model}' supports {what}.",

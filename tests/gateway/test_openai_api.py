@@ -97,12 +97,15 @@ async def test_provider_stream_hides_usage_unless_asked(gw, mock_upstream):
     assert '"usage":{' in r.text
 
 
-async def test_provider_drops_unknown_fields(gw, mock_upstream):
+async def test_unknown_fields_are_refused_by_name_not_dropped(gw, mock_upstream):
+    await gw.post("/v1/chat/completions", json={"model": "mock-model", "messages": CHAT})
+    before = mock_upstream.last_request()
     r = await gw.post("/v1/chat/completions", json={
-        "model": "mock-model", "messages": CHAT, "api_base": "http://evil", "api_key": "x"})
-    assert r.status_code == 200
-    body = mock_upstream.last_request()["body"]
-    assert "api_base" not in body and "api_key" not in body
+        "model": "mock-model", "messages": CHAT, "api_key": "x", "api_base": "http://evil"})
+    assert_error(r, 400, param="api_base", code="unsupported_parameter")
+    error = r.json()["error"]
+    assert "passthrough_fields" in error["message"] and "mock-model" in error["message"]
+    assert mock_upstream.last_request() == before  # nothing reached the upstream
 
 
 async def test_models_lists_deployments(gw):
