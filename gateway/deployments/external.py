@@ -51,8 +51,18 @@ _SAMPLING = frozenset({
     "frequency_penalty", "user", "top_k", "min_p", "repetition_penalty", "min_tokens",
     "ignore_eos", "logprobs",
 })
-CHAT_FIELDS = _SAMPLING | {"messages", "max_completion_tokens", "top_logprobs"}
-TEXT_FIELDS = _SAMPLING | {"prompt"}
+CHAT_FIELDS = _SAMPLING | {
+    "messages", "max_completion_tokens", "top_logprobs", "logit_bias", "tools", "tool_choice",
+    "parallel_tool_calls", "response_format", "functions", "function_call", "audio",
+    "modalities", "prediction", "reasoning_effort", "verbosity", "web_search_options",
+    "service_tier", "store", "prompt_cache_key", "safety_identifier",
+}
+TEXT_FIELDS = _SAMPLING | {"prompt", "logit_bias", "best_of", "echo", "suffix"}
+# Known fields litellm would keep for itself or not pass on: sent in the body as they are.
+EXTRA_BODY_FIELDS = frozenset({
+    "metadata", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "structured_outputs",
+})
 # "litellm.BadRequestError: OpenAIException - the upstream's own words"
 _PREFIXES = re.compile(r"^(?:litellm\.\w+:\s*)*(?:\w+(?:Error|Exception)(?::|\s+-)\s*)*")
 _RETRY_AFTER = re.compile(r"^[\w ,:+-]{1,64}$")  # seconds or an HTTP date; nothing to inject
@@ -229,6 +239,12 @@ class LiteLLMDeployment(Deployment):
         # cache key and any later attempt.
         body = copy.deepcopy(call.request.upstream_body())
         kwargs = {k: v for k, v in body.items() if k in allowed}
+        # Vendor extras (routing admitted only those in passthrough_fields) and the known
+        # fields litellm would swallow go in the request body, never as litellm arguments.
+        extra = {k: v for k, v in body.items()
+                 if k in EXTRA_BODY_FIELDS or k in call.request.extra_fields()}
+        if extra:
+            kwargs["extra_body"] = extra
         kwargs.update(
             model=self.config.upstream_model, stream=stream, timeout=self.config.timeout_s,
             num_retries=0, max_retries=0, extra_headers={"x-request-id": request_id},
