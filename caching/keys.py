@@ -19,12 +19,13 @@ OUTPUT_PARAMS: tuple[str, ...] = (
     "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "min_tokens", "ignore_eos", "logprobs", "top_logprobs",
 )
-# Other request fields that shape the answer: leaving them out would let a request with tools
-# or a JSON schema be answered from a plain one.
-SHAPING_FIELDS: tuple[str, ...] = (
-    "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
-    "response_format", "logit_bias", "echo", "suffix", "best_of", "reasoning_effort",
-)
+# Fields that only affect delivery or bookkeeping, never the answer. Every other field shapes
+# it (tools, response_format, logit_bias, guided_*, vendor extras, ...): leaving one out would
+# let a request with tools or a JSON schema be answered from a plain one.
+DELIVERY_FIELDS = frozenset({
+    "model", "messages", "prompt", "stream", "stream_options", "user", "metadata", "store",
+    "safety_identifier", "prompt_cache_key", "service_tier",
+})
 # Longer texts are not embedded: the embedder reads at most 256 word pieces, so two long
 # prompts that differ only after that would look identical to it.
 MAX_SEMANTIC_CHARS = 1000
@@ -88,7 +89,9 @@ def semantic_text(*, chat: bool, body: Mapping[str, Any]) -> str | None:
 def _header(kind: str, tenant_id: str, model_key: str, chat: bool,
             body: Mapping[str, Any]) -> dict[str, Any]:
     params = {name: _param(name, body.get(name)) for name in OUTPUT_PARAMS}
-    shaping = {name: _plain(body[name]) for name in SHAPING_FIELDS if body.get(name) is not None}
+    shaping = {name: _plain(value) for name, value in body.items()
+               if value is not None and name not in DELIVERY_FIELDS
+               and name not in OUTPUT_PARAMS}
     return {"v": 1, "kind": kind, "tenant": tenant_id, "model": model_key, "chat": bool(chat),
             "params": params, "shaping": shaping}
 

@@ -59,11 +59,16 @@ def test_every_output_param_changes_the_key(name: str) -> None:
     assert key(with_(CHAT, **{name: CHANGED_VALUES[name]})) != key(CHAT)
 
 
-@pytest.mark.parametrize("field", ["tools", "response_format", "logit_bias", "tool_choice"])
+SHAPING = {"tools": [{"type": "function", "function": {"name": "f"}}],
+           "response_format": {"type": "json_object"}, "logit_bias": {"50256": -100},
+           "tool_choice": "required", "guided_json": {"type": "object"},
+           "guided_regex": "[a-z]+", "structured_outputs": {"choice": ["a", "b"]},
+           "parallel_tool_calls": False, "a_vendor_extra": {"mode": "x"}}
+
+
+@pytest.mark.parametrize("field", sorted(SHAPING))
 def test_fields_that_shape_the_answer_change_the_key(field: str) -> None:
-    value = {"tools": [{"type": "function", "function": {"name": "f"}}],
-             "response_format": {"type": "json_object"}, "logit_bias": {"50256": -100},
-             "tool_choice": "required"}[field]
+    value = SHAPING[field]
     assert key(with_(CHAT, **{field: value})) != key(CHAT)
 
 
@@ -73,6 +78,8 @@ def test_fields_that_shape_the_answer_change_the_key(field: str) -> None:
     {"user": "someone-else"},
     {"model": "another-alias"},
     {"metadata": {"trace": "x"}},
+    {"safety_identifier": "end-user-7"},
+    {"prompt_cache_key": "conversation-1"},
 ])
 def test_delivery_fields_do_not_change_the_key(changes: dict[str, Any]) -> None:
     assert key(with_(CHAT, **changes)) == key(CHAT)
