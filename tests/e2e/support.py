@@ -16,7 +16,7 @@ from tests.gateway.support import REPO, SECRET, free_port
 
 
 def gateway_env(db_url: str, tmp_path: Path, **settings: Any) -> dict[str, str]:
-    """The environment of a gateway on `db_url` with no embedded model: this process's
+    """The environment of a gateway on `db_url` with no embedded models: this process's
     environment without any SWITCHBOARD_* of its own, then `settings` as SWITCHBOARD_<NAME>
     (None leaves a setting out)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
@@ -24,7 +24,8 @@ def gateway_env(db_url: str, tmp_path: Path, **settings: Any) -> dict[str, str]:
         "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
         "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
         "SWITCHBOARD_SECRET_FILE": str(tmp_path / "secret"),
-        "SWITCHBOARD_EMBEDDED_MODEL": "none", "SWITCHBOARD_LOG_LEVEL": "warning",
+        "SWITCHBOARD_EMBEDDED_MODEL": "none", "SWITCHBOARD_EMBEDDING_MODEL": "none",
+        "SWITCHBOARD_LOG_LEVEL": "warning",
         "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp_path / "outbox"),
     })
     for name, value in settings.items():

@@ -89,7 +89,7 @@ def test_bootstrap_key_is_stored_hashed(live):
 def test_chat_completions_and_streaming(live):
     oa = client(live, live.tenant_key("alpha"))
     models = [m.id for m in oa.models.list()]
-    assert models == ["smollm2-135m-instruct", "auto"]
+    assert models == ["all-minilm-l6-v2", "smollm2-135m-instruct", "auto"]
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "What is the capital of France?"}]
     raw = oa.chat.completions.with_raw_response.create(

@@ -110,7 +110,8 @@ def priced_deployment(name: str, mock: MockServerThread, price: str, **more: Any
 def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": db_url, "secret_key": SECRET, "secret_file": tmp_path / "secret",
-        "embedded_model": "none", "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
+        "embedded_model": "none", "embedding_model": "none",
+        "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
         "usage_outbox_dir": tmp_path / "outbox",
         **overrides,
     }
