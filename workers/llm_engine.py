@@ -189,7 +189,7 @@ class LLMEngine:
 
     def grammars(self) -> Any:
         """The structured-outputs backend (a `StructuredBackend`), built on first use: it
-        reads the whole vocabulary once (a few hundred ms) and imports xgrammar."""
+        reads the whole vocabulary once (under a second) and imports llguidance."""
         with self._grammars_lock:
             if self._grammars is None:
                 from workers.runner.structured_backend import StructuredBackend
@@ -448,8 +448,8 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def _advance_grammar(self, seq: Sequence, token: int) -> bool:
-        """Feed a kept token to the sample's matcher; True once the grammar has ended (a stop
-        token where it was complete), whatever ignore_eos says."""
+        """Feed a kept token to the sample's matcher; True once the grammar has ended (nothing
+        more can follow, or a stop token came where it was allowed), whatever ignore_eos says."""
         assert seq.grammar is not None
         if seq.grammar.accept_token(token):
             return seq.grammar.is_terminated()

@@ -117,8 +117,9 @@ def test_ignore_eos_still_ends_where_the_grammar_ends(llm):
     prompts = random_prompts(2, seed=3, hi=20)
     outputs = llm.generate(prompts, json_params(PERSON, ignore_eos=True))
     for output in outputs:
-        assert_valid(output, PERSON)
-        assert output.token_ids[-1] in llm.engine.eos_token_ids  # the grammar's stop token
+        assert_valid(output, PERSON)  # "stop" at the closing brace: nothing may follow it
+        assert output.text.endswith("}")
+        assert not set(output.token_ids) & set(llm.engine.eos_token_ids)
 
 
 def test_eos_only_where_the_grammar_allows_it(llm):
@@ -127,18 +128,26 @@ def test_eos_only_where_the_grammar_allows_it(llm):
                            json_params(PERSON, logit_bias={eos: 100.0}))
     for output in outputs:
         assert_valid(output, PERSON)
-        assert eos not in output.token_ids[:-1]
+        assert eos not in output.token_ids  # a complete document ends without asking for EOS
+    regex = SamplingParams(temperature=0, max_tokens=20, logit_bias={eos: 100.0},
+                           structured=StructuredOutputs(regex="[a-z]+"))
+    for output in llm.generate(random_prompts(2, seed=5, hi=20), regex):
+        # EOS is allowed once one letter is there; +100 then picks it at once
+        assert re.fullmatch("[a-z]+", output.text) and output.token_ids[-1] == eos
+        assert output.outputs[0].finish_reason == "stop" and len(output.token_ids) == 2
 
 
 def test_choice_regex_grammar_and_json_object(llm):
     prompts = random_prompts(4, seed=5, hi=20)
     choices = ["yes", "no", "maybe not", "ünïcode \"quoted\""]
     grammar = 'root ::= "(" digits ("," digits)* ")"\ndigits ::= [0-9] | [0-9] [0-9]'
+    lark = 'start: "<" NAME ">"\nNAME: /[a-z]{1,8}/'
     specs = [StructuredOutputs(choice=choices), StructuredOutputs(regex=r"[a-c]{2,5}-\d{3}"),
-             StructuredOutputs(grammar=grammar), StructuredOutputs(json_object=True)]
+             StructuredOutputs(grammar=grammar), StructuredOutputs(json_object=True),
+             StructuredOutputs(grammar=lark)]
     params = [SamplingParams(temperature=1.0, seed=i, n=3, max_tokens=80, structured=spec)
               for i, spec in enumerate(specs)]
-    choice, regex, ebnf, obj = llm.generate(prompts, params)
+    choice, regex, ebnf, obj, tag = llm.generate([*prompts, prompts[0]], params)
     assert all(s.text in choices and s.finish_reason == "stop" for s in choice.outputs)
     assert all(re.fullmatch(r"[a-c]{2,5}-\d{3}", s.text) for s in regex.outputs)
     assert all(re.fullmatch(r"\((\d{1,2})(,\d{1,2})*\)", s.text) or s.finish_reason == "length"
@@ -146,6 +155,7 @@ def test_choice_regex_grammar_and_json_object(llm):
     for sample in obj.outputs:
         if sample.finish_reason == "stop":  # any JSON object: it may nest past max_tokens
             assert isinstance(json.loads(sample.text), dict)
+    assert all(re.fullmatch("<[a-z]{1,8}>", s.text) for s in tag.outputs)
 
 
 @pytest.mark.parametrize(("spec", "param"), [
@@ -156,6 +166,8 @@ def test_choice_regex_grammar_and_json_object(llm):
      "response_format.json_schema.schema"),
     (StructuredOutputs(regex="a(b", param="guided_regex"), "guided_regex"),
     (StructuredOutputs(grammar="root ::= undefined_rule"), "structured.grammar"),
+    (StructuredOutputs(grammar='start: "a', param="guided_grammar"), "guided_grammar"),
+    (StructuredOutputs(json={"type": "object", "minProperties": "x"}), "structured.json"),
 ])
 def test_bad_constraints_are_refused_before_anything_is_queued(llm, spec, param):
     good = json_params(PERSON)

@@ -28,7 +28,7 @@ class TokenMatcher(Protocol):
 class StructuredOutputs:
     """Exactly one constraint. `json` is a JSON schema (a dict, or its text); `json_object`
     asks for any JSON object; `regex`, `choice` (one of these strings, verbatim) and `grammar`
-    (EBNF, xgrammar's dialect of GBNF) constrain plain text.
+    (llguidance's Lark dialect, or GBNF) constrain plain text.
 
     `param` names the request field this came from, for error messages (e.g.
     `response_format.json_schema.schema`); None names the engine's own field."""

@@ -1,0 +1,82 @@
+"""The llguidance side: compile cache, matchers, closing objects, errors naming the field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.engine.sampling_params import InvalidRequestError
+from workers.engine.structured import StructuredOutputs
+from workers.runner import token_mask
+from workers.runner.structured_backend import StructuredBackend, closed_objects
+
+
+@pytest.fixture(scope="module")
+def backend(tokenizer):
+    return StructuredBackend(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+
+
+def allowed(matcher, vocab: int) -> set[int]:
+    bitmask = torch.zeros(1, token_mask.bitmask_words(vocab), dtype=torch.int32)
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    return set(torch.nonzero(token_mask.unpack(bitmask, vocab)[0]).flatten().tolist())
+
+
+def test_matcher_walks_a_choice_and_ends_with_it(backend, tokenizer):
+    grammar = backend.compile(StructuredOutputs(choice=["yes", "no"]))
+    matcher = backend.matcher(grammar)
+    first = allowed(matcher, backend.vocab_size)
+    yes = tokenizer.encode("yes", add_special_tokens=False)
+    assert yes[0] in first and tokenizer.eos_token_id not in first
+    for token in yes:
+        assert matcher.accept_token(token)
+    assert matcher.is_terminated()  # nothing can follow "yes"
+    other = backend.matcher(grammar)  # a fresh copy: the template never moved
+    assert not other.is_terminated() and allowed(other, backend.vocab_size) == first
+
+
+def test_compiles_once_per_text(backend):
+    before = backend.num_compiles
+    for _ in range(3):
+        backend.compile(StructuredOutputs(regex="[0-9]{2}"))
+    backend.compile(StructuredOutputs(regex="[0-9]{2}", param="guided_regex"))  # same text
+    backend.compile(StructuredOutputs(regex="[0-9]{3}"))
+    assert backend.num_compiles == before + 2
+
+
+@pytest.mark.parametrize(("spec", "param"), [
+    (StructuredOutputs(json="{not json", param="guided_json"), "guided_json"),
+    (StructuredOutputs(json="[1, 2]"), "structured.json"),
+    (StructuredOutputs(json={"type": "no-such-type"}, param="response_format.json_schema.schema"),
+     "response_format.json_schema.schema"),
+    (StructuredOutputs(regex="(", param="structured_outputs.regex"), "structured_outputs.regex"),
+    (StructuredOutputs(grammar="root ::= missing"), "structured.grammar"),
+])
+def test_bad_constraints_raise_invalid_request(backend, spec, param):
+    with pytest.raises(InvalidRequestError) as info:
+        backend.compile(spec)
+    assert info.value.param == param
+    assert str(info.value).startswith(f"invalid {spec.kind}: ")
+
+
+def test_closed_objects_only_closes_what_lists_properties():
+    schema = {
+        "type": "object",
+        "properties": {"properties": {"type": "object", "properties": {"x": {}}},
+                       "free": {"type": "object"},
+                       "open": {"properties": {}, "additionalProperties": True}},
+        "$defs": {"d": {"properties": {"y": {}}}},
+        "allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}],
+        "items": [{"properties": {}}],
+    }
+    out = closed_objects(schema)
+    assert "additionalProperties" not in out  # it has an allOf: its parts decide together
+    props = out["properties"]
+    assert set(props) == {"properties", "free", "open"}  # a property named "properties"
+    assert props["properties"]["additionalProperties"] is False
+    assert "additionalProperties" not in props["free"]
+    assert props["open"]["additionalProperties"] is True
+    assert out["$defs"]["d"]["additionalProperties"] is False
+    assert all("additionalProperties" not in part for part in out["allOf"])
+    assert out["items"][0]["additionalProperties"] is False
+    assert "additionalProperties" not in schema["$defs"]["d"]  # the input is not changed
