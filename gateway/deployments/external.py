@@ -248,6 +248,9 @@ class LiteLLMDeployment(Deployment):
         kwargs.update(
             model=self.config.upstream_model, stream=stream, timeout=self.config.timeout_s,
             num_retries=0, max_retries=0, extra_headers={"x-request-id": request_id},
+            # Only function tools pass the schema; litellm's MCP gateway would import `mcp`
+            # (not installed) for any call with tools, and has nothing to do here.
+            _skip_mcp_handler=True,
         )
         if stream:
             kwargs["stream_options"] = {"include_usage": True}  # to settle the real usage
@@ -487,4 +490,21 @@ def _tidy(data: dict[str, Any]) -> dict[str, Any]:
                 inner.pop("provider_specific_fields", None)
                 for key in [k for k, v in inner.items() if v is None and k not in keep]:
                     del inner[key]
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
+            delta["tool_calls"] = [_tool_call_delta(c) for c in delta["tool_calls"]]
     return data
+
+
+def _tool_call_delta(call: Any) -> Any:
+    """A streamed tool call as OpenAI sends it: id, type and name only in a call's first
+    delta (litellm repeats `type` and pads the rest with nulls)."""
+    if not isinstance(call, dict):
+        return call
+    call = {k: v for k, v in call.items() if v is not None}
+    function = call.get("function")
+    if isinstance(function, dict):
+        call["function"] = {k: v for k, v in function.items() if v is not None}
+    if "id" not in call:
+        call.pop("type", None)
+    return call

@@ -101,8 +101,8 @@ class HttpDeployment(Deployment):
                     continue
                 data = b"".join(event)
                 event = []
-                if b'"usage":{' in data:
-                    usage, has_choices = _usage_of(data)
+                usage, has_choices = _usage_of(data) if b'"usage"' in data else ({}, True)
+                if usage:  # any JSON spelling: `"usage": {` from Python's json.dumps too
                     call.take_usage(usage)
                     saw_usage = True
                     if not want_usage and not has_choices:
@@ -198,4 +198,7 @@ def _usage_of(data: bytes) -> tuple[dict[str, Any], bool]:
         obj = json.loads(data[len(b"data:"):])
     except ValueError:
         return {}, True
-    return (obj.get("usage") or {}), bool(obj.get("choices"))
+    if not isinstance(obj, dict):
+        return {}, True
+    usage = obj.get("usage")
+    return (usage if isinstance(usage, dict) else {}), bool(obj.get("choices"))

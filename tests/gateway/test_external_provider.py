@@ -249,13 +249,15 @@ class Smuggling(ChatCompletionRequest):
 
 
 async def test_the_caller_cannot_redirect_or_rekey(keyed):
-    d = deployment(keyed.base_url)
     extras = {"api_base": "http://127.0.0.1:9/v1", "base_url": "http://127.0.0.1:9/v1",
               "api_key": "sk-caller", "extra_headers": {"x-a": "1"}, "mock_response": "pwned"}
-    # The schema drops unknown fields ...
+    # Unknown fields are kept aside, never mixed into the known ones; routing refuses them
+    # unless the deployment lists them (tests/gateway/test_openai_surface.py) ...
     request = chat(**extras)
-    assert not set(extras) & set(request.upstream_body())
-    # ... and the deployment passes only sampling fields even if a schema forwarded more.
+    assert request.extra_fields() == sorted(extras)
+    # ... and even a deployment that forwards them all hands them to litellm inside the
+    # request body, never as arguments that choose where or how it connects.
+    d = deployment(keyed.base_url, passthrough_fields=sorted(extras))
     smuggled = Smuggling.model_validate({"model": "ext-model", "messages": MESSAGES})
     for req in (request, smuggled):
         call = prepared(d, req)
@@ -263,8 +265,8 @@ async def test_the_caller_cannot_redirect_or_rekey(keyed):
         assert body["choices"][0]["message"]["content"] == REPLY  # the real upstream answered
         seen = keyed.last_request()
         assert seen["headers"]["authorization"] == f"Bearer {KEY}"
-        assert "sk-caller" not in json.dumps(seen)
-        assert set(seen["body"]) == {"model", "messages"}
+        assert "x-a" not in seen["headers"]
+    assert set(seen["body"]) == {"model", "messages"}  # Smuggling's fields went nowhere
 
 
 def test_prepare_estimates_and_refuses_overflow(mock_upstream):
@@ -458,9 +460,12 @@ async def test_through_the_gateway(sqlite_url, tmp_path: Path, mock_upstream):
     app = create_app(cfg)
     async with in_process(app) as gw:
         gw.headers.update(bearer(tenant.key))
-        body = ok(await gw.post("/v1/chat/completions", json={
+        refused = await gw.post("/v1/chat/completions", json={
             "model": "ext-model", "messages": MESSAGES, "max_tokens": 4,
-            "api_base": "http://127.0.0.1:9/v1", "api_key": "sk-caller"}))
+            "api_base": "http://127.0.0.1:9/v1", "api_key": "sk-caller"})
+        assert_error(refused, 400, code="unsupported_parameter")
+        body = ok(await gw.post("/v1/chat/completions", json={
+            "model": "ext-model", "messages": MESSAGES, "max_tokens": 4}))
         assert body["model"] == "ext-model"
         assert body["choices"][0]["message"]["content"] == "Hello from the mock"
         seen = mock_upstream.last_request()
