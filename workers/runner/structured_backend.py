@@ -23,6 +23,7 @@ import torch
 
 from workers.engine.sampling_params import InvalidRequestError
 from workers.engine.structured import StructuredOutputs
+from workers.runner.token_mask import bitmask_words
 
 CACHE_SIZE = 512  # distinct compiled grammars kept
 # Compact separators, as json.dumps writes them: free whitespace lets weak models loop on it.
@@ -84,6 +85,9 @@ class StructuredBackend:
         if error:
             raise _invalid(spec, error)
         template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        # one mask now builds the start's lexer states, which every copy then inherits
+        scratch = torch.empty(bitmask_words(self.vocab_size), dtype=torch.int32)
+        template.unsafe_compute_mask_ptr(scratch.data_ptr(), scratch.numel() * 4)
         if template.is_error():
             raise _invalid(spec, template.get_error())
         with self._lock:
