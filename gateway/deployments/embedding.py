@@ -90,7 +90,7 @@ class EmbeddingDeployment(Deployment):
                 raise unknown_field(name)
 
 
-def estimated_embedding_call(config: DeploymentConfig, request: EmbeddingRequest) -> Call:
+def estimated_embedding_call(request: EmbeddingRequest) -> Call:
     """A call on an upstream whose tokenizer does not run here: four characters a token (a
     token id counts one), for admission; the upstream's own count is what is billed."""
     prompt_tokens = sum(math.ceil(len(item) / 4) + 1 if isinstance(item, str) else len(item)
@@ -115,7 +115,7 @@ class HttpEmbeddingDeployment(EmbeddingDeployment):
 
     def prepare_embedding(self, request: EmbeddingRequest) -> Call:
         self.refuse_unknown_fields(request)
-        return estimated_embedding_call(self.config, request)
+        return estimated_embedding_call(request)
 
     async def embed(self, call: Call, *, request_id: str) -> bytes:
         request: EmbeddingRequest = call.request  # type: ignore[assignment]
@@ -145,7 +145,7 @@ class LiteLLMEmbeddingDeployment(EmbeddingDeployment, LiteLLMDeployment):
 
     def prepare_embedding(self, request: EmbeddingRequest) -> Call:
         self.refuse_unknown_fields(request)
-        return estimated_embedding_call(self.config, request)
+        return estimated_embedding_call(request)
 
     async def embed(self, call: Call, *, request_id: str) -> bytes:
         litellm = load_litellm()

@@ -47,11 +47,6 @@ class EmbeddingRequest(BaseModel):
             return [value]  # type: ignore[list-item]  # one list of token ids
         return value  # type: ignore[return-value]
 
-    @property
-    def stream(self) -> bool:
-        """Embeddings are never streamed (what metrics and logs ask of every request)."""
-        return False
-
     def extra_fields(self) -> list[str]:
         """Top-level fields outside the schema, as sent."""
         return sorted(self.model_extra or {})
@@ -61,11 +56,6 @@ class EmbeddingRequest(BaseModel):
         if self._dumped is None:
             self._dumped = self.model_dump(exclude_none=True, exclude_unset=True)
         return dict(self._dumped)
-
-    def input_chars(self) -> int:
-        """Characters of text, or about four a token id (for upstream token estimates)."""
-        return sum(len(item) if isinstance(item, str) else 4 * len(item)
-                   for item in self.inputs())
 
 
 def check_inputs(inputs: Inputs) -> None:

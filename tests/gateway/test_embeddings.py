@@ -301,3 +301,15 @@ async def test_concurrent_requests_share_forwards(world: EmbedWorld) -> None:
     assert deployment.batcher.forwards - before < len(texts)
     for response in answers:
         assert np.abs(vectors(ok(response))[1] - alone).max() < 1e-5
+
+
+async def test_admin_api_lists_and_adds_embedding_deployments(world: EmbedWorld) -> None:
+    admin = bearer(world.admin)
+    listed = ok(await world.client.get("/admin/deployments/embedded-embedding", headers=admin))
+    assert listed["mode"] == "embedding" and "queued_rows" in listed["load"]
+    added = http_embedding(world.mocks["up"], "added-emb", model_name="added-embed")
+    ok(await world.client.post("/admin/deployments", json=added, headers=admin), 201)
+    body = ok(await world.embed(model="added-embed", input="added at runtime"))
+    assert body["model"] == "added-embed" and len(body["data"]) == 1
+    health = ok(await world.client.get("/health"))
+    assert "embedded-embedding" in str(health)
