@@ -47,7 +47,7 @@ TENANT_ROUTES = {
     ("GET", "/v1/usage"), ("GET", "/v1/usage/records"), ("POST", "/v1/adapters/upload"),
     ("GET", "/v1/adapters"),
     ("POST", "/v1/adapters/{name}/load"), ("POST", "/v1/adapters/{name}/unload"),
-    ("DELETE", "/v1/adapters/{name}"),
+    ("DELETE", "/v1/adapters/{name}"), ("POST", "/v1/embeddings"),
 }
 PUBLIC_ROUTES = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/health/ready")}
 
@@ -190,6 +190,18 @@ async def test_streaming_is_refused_the_same_way(world):
     r = await world.a.callers["initech-main"].chat(PREMIUM, stream=True)
     assert_error(r, 403, code="model_not_allowed")
     assert r.headers["content-type"].startswith("application/json")
+
+
+async def test_embeddings_refuse_models_outside_plan_or_key(world):
+    """Key and plan scopes come before anything about the model (here, chat models)."""
+    def embed(caller: Caller, model: str):
+        return caller.request("POST", "/v1/embeddings", json={"model": model, "input": "x"})
+
+    a, b = world.a.callers, world.b.callers
+    assert_error(await embed(a["initech-main"], PREMIUM), 403, code="model_not_allowed")
+    assert_error(await embed(b["umbrella-premium"], MOCK), 403, code="model_not_allowed")
+    assert_error(await embed(a["initech-main"], MOCK), 400, code="model_not_supported")
+    assert_error(await embed(a["initech-main"], "no-such-model"), 404, code="model_not_found")
 
 
 # --- keys ---------------------------------------------------------------------------------
