@@ -313,3 +313,15 @@ async def test_admin_api_lists_and_adds_embedding_deployments(world: EmbedWorld)
     assert body["model"] == "added-embed" and len(body["data"]) == 1
     health = ok(await world.client.get("/health"))
     assert "embedded-embedding" in str(health)
+
+
+async def test_budget_is_enforced(sqlite_url: str, tmp_path: Path,
+                                  mocks: dict[str, Any]) -> None:
+    pricey = http_embedding(mocks["up"], "pricey", input_price_per_1m="100")  # 100 µ$ a token
+    async with serve_world(EmbedWorld, sqlite_url, tmp_path, mocks, [pricey],
+                           plan={"budget_micros": 1000}) as w:
+        statuses = [(await w.embed(model="remote-embed", input="abcd")).status_code
+                    for _ in range(15)]
+        assert statuses[0] == 200 and statuses[-1] == 429
+        refused = await w.embed(model="remote-embed", input="abcd")
+        assert_error(refused, 429, code="insufficient_quota")
