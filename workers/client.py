@@ -263,8 +263,9 @@ def _constrain_tool_calls(params: SamplingParams, tools: ToolPlan) -> None:
 def _prompt(body: dict[str, Any], *, chat: bool, tokenizer: Any,
             tools: ToolPlan) -> str | list[int]:
     if chat:
-        shown = tools.tools if tools.parses else None
-        return render_chat(tokenizer, body.get("messages"), tools=shown)
+        # `none` still shows the tools (as vLLM does): the conversation may refer to them,
+        # and the prompt keeps the same prefix (and prefix-cache hits) across tool choices.
+        return render_chat(tokenizer, body.get("messages"), tools=tools.tools or None)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

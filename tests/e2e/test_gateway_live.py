@@ -6,6 +6,7 @@ tenant from the bootstrap admin key printed at first start.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -166,3 +167,127 @@ def test_client_disconnect_mid_stream_aborts_the_engine(live):
             break
         time.sleep(0.2)
     assert rows and 0 < rows[0][1] < 500
+
+
+# --- the OpenAI surface on the embedded SmolLM2: tools, structured outputs, logit_bias ------
+
+SMOL = "smollm2-135m-instruct"
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False,
+                   "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _streamed(stream) -> tuple[str, dict[int, dict[str, str]], str | None]:
+    content, calls, finish = "", {}, None
+    for chunk in stream:
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for call in choice.delta.tool_calls or []:
+                slot = calls.setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] = call.id or slot["id"]
+                if call.function is not None:
+                    slot["name"] = call.function.name or slot["name"]
+                    slot["arguments"] += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, calls, finish
+
+
+def test_tool_calls_named_required_and_a_round_trip(live):
+    import jsonschema
+
+    oa = client(live, live.tenant_key("agents"))
+    params = WEATHER_TOOL["function"]["parameters"]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, finish in ((named, "stop"), ("required", "tool_calls")):
+        reply = oa.chat.completions.create(model=SMOL, messages=ASK, tools=[WEATHER_TOOL],
+                                           tool_choice=choice, temperature=0, max_tokens=48)
+        (call,) = reply.choices[0].message.tool_calls[:1]
+        assert reply.choices[0].finish_reason == finish and call.id.startswith("call_")
+        assert call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), params)
+        content, calls, streamed_finish = _streamed(oa.chat.completions.create(
+            model=SMOL, messages=ASK, tools=[WEATHER_TOOL], tool_choice=choice,
+            temperature=0, max_tokens=48, stream=True,
+            extra_headers={"cache-control": "no-cache"}))
+        assert streamed_finish == finish and content == ""
+        assert calls[0]["name"] == "get_weather"
+        assert calls[0]["arguments"] == call.function.arguments  # greedy: the same call
+    # The tool's answer goes back, and the model answers in words.
+    history = [*ASK, reply.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "21C and sunny"}]
+    final = oa.chat.completions.create(model=SMOL, messages=history, tools=[WEATHER_TOOL],
+                                       tool_choice="none", temperature=0, max_tokens=24)
+    assert final.choices[0].message.content and final.choices[0].message.tool_calls is None
+    assert final.usage.prompt_tokens > reply.usage.prompt_tokens  # the call and its result
+
+
+def test_auto_tool_calls_are_parsed_from_the_text(live):
+    oa = client(live, live.tenant_key("auto-agent"))
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    # vLLM's structured_outputs extra makes this small model write what a tool-tuned one would.
+    regex = "".join("\\n" if c == "\n" else ("\\" + c if c in "{}[]().\\" else c)
+                    for c in block)
+    reply = oa.chat.completions.create(
+        model=SMOL, messages=ASK, tools=[WEATHER_TOOL], temperature=0, max_tokens=64,
+        extra_body={"structured_outputs": {"regex": regex}})
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert choice.message.tool_calls[0].function.arguments == '{"city": "Paris"}'
+
+
+def test_json_modes_always_parse_and_validate(live):
+    import jsonschema
+
+    oa = client(live, live.tenant_key("json"))
+    schema = {"type": "object", "additionalProperties": False,
+              "properties": {"capital": {"type": "string", "maxLength": 30},
+                             "population_millions": {"type": "integer"}},
+              "required": ["capital", "population_millions"]}
+    ask = [{"role": "user", "content": "Describe France's capital as JSON."}]
+    strict = oa.chat.completions.create(
+        model=SMOL, messages=ask, temperature=0.8, seed=3, max_tokens=64,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "city", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(strict.choices[0].message.content), schema)
+    loose = oa.chat.completions.create(model=SMOL, messages=ask, temperature=0,
+                                       max_tokens=96, response_format={"type": "json_object"})
+    assert isinstance(json.loads(loose.choices[0].message.content), dict)
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=SMOL, messages=ask, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}})
+    assert err.value.body["param"].startswith("response_format")
+
+
+def test_logit_bias_is_honoured(live, smollm2_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    oa = client(live, live.tenant_key("bias"))
+    ask = [{"role": "user", "content": "Name a fruit."}]
+    plain = oa.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=1)
+    first = tokenizer.encode(plain.choices[0].message.content)[0]
+    banned = oa.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=1,
+                                        logit_bias={str(first): -100})
+    assert tokenizer.encode(banned.choices[0].message.content)[0] != first
+    (mango,) = tokenizer.encode("Mango")[:1]
+    forced = oa.chat.completions.create(model=SMOL, messages=ask, temperature=0, max_tokens=1,
+                                        logit_bias={str(mango): 100})
+    assert forced.choices[0].message.content == tokenizer.decode([mango])
+
+
+def test_images_and_unknown_fields_are_refused_by_name(live):
+    oa = client(live, live.tenant_key("vision"))
+    picture = [{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=SMOL, messages=picture)
+    assert err.value.body["param"] == "messages.0.content.1"
+    assert err.value.body["code"] == "unsupported_parameter"
+    assert "does not support images" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=SMOL, messages=ASK, extra_body={"guided_decoding": 1})
+    assert err.value.body["param"] == "guided_decoding"
