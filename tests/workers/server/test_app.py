@@ -86,6 +86,29 @@ def test_generation_equals_the_offline_engine_streamed_or_not(client, expected):
     assert chunks[-1]["usage"]["completion_tokens"] == 8
 
 
+def test_tools_and_json_schema_through_the_worker_api(client):
+    """A remote worker is the same engine: forced calls and schemas hold over HTTP too."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"q": {"type": "string", "maxLength": 8}}, "required": ["q"]}}}
+    resp = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "find x"}], "tools": [tool],
+        "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0,
+        "max_tokens": 160})
+    assert resp.status_code == 200, resp.text
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "lookup" and set(json.loads(call["arguments"])) == {"q"}
+    resp = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 160,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+            "additionalProperties": False}}}})
+    assert resp.status_code == 200, resp.text
+    assert isinstance(json.loads(resp.json()["choices"][0]["message"]["content"])["n"], int)
+
+
 def test_bad_input_is_a_clear_4xx(client):
     resp = complete(client, model="nope")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
