@@ -37,7 +37,7 @@ from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import Dispatches, annotate, current_span
 from gateway.request_path import (
     Clock,
-    _asked_tier,
+    asked_tier,
     first_that_fits,
     read_body,
     until_done_or_disconnect,
@@ -64,7 +64,7 @@ async def serve_embeddings(request: Request) -> Response:
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
     with tracing.span("route"):
         plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
-                                gw.adapters, key, body.model, tier=_asked_tier(request),
+                                gw.adapters, key, body.model, tier=asked_tier(request),
                                 logprobs=False)
     if not isinstance(plan.order[0], EmbeddingDeployment):
         raise not_an_embedding_model(body.model)

@@ -75,7 +75,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
     with tracing.span("route"):
         plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                                tier=_asked_tier(request), logprobs=body.wants_logprobs,
+                                tier=asked_tier(request), logprobs=body.wants_logprobs,
                                 request=body)
     dispatches = tracing.dispatches()
 
@@ -193,7 +193,7 @@ def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
     raise too_long.first
 
 
-def _asked_tier(request: Request) -> str | None:
+def asked_tier(request: Request) -> str | None:
     tier = request.headers.get(TIER_HEADER)
     if tier is None:
         return None

@@ -28,7 +28,7 @@ import numpy as np
 from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.external import LiteLLMDeployment, load_litellm
-from gateway.deployments.http import _check, _failure
+from gateway.deployments.http import check_response, upstream_failure
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import APIError, bad_request
 from gateway.observability.tracing import inject_trace_headers
@@ -128,10 +128,10 @@ class HttpEmbeddingDeployment(EmbeddingDeployment):
             async with self._pool.session.post(
                     self._url, data=json.dumps(body, separators=(",", ":")).encode(),
                     headers=headers, timeout=self._timeout, ssl=self._tls) as resp:
-                await _check(resp)
+                await check_response(resp)
                 raw = await resp.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _failure(exc) from None
+            raise upstream_failure(exc) from None
         except APIError as exc:
             raise _about_input(exc) from None
         finally:

@@ -54,10 +54,10 @@ class HttpDeployment(Deployment):
         started = time.perf_counter()
         try:
             async with self._post(body, call.chat, request_id) as resp:
-                await _check(resp)
+                await check_response(resp)
                 raw = await resp.read()
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _failure(exc) from None
+            raise upstream_failure(exc) from None
         finally:
             call.upstream_s += time.perf_counter() - started
         try:
@@ -75,12 +75,12 @@ class HttpDeployment(Deployment):
         try:
             resp = await ctx.__aenter__()
             try:
-                await _check(resp)
+                await check_response(resp)
             except BaseException:
                 resp.release()
                 raise
         except (TimeoutError, aiohttp.ClientError) as exc:
-            raise _failure(exc) from None
+            raise upstream_failure(exc) from None
         finally:
             call.upstream_s += time.perf_counter() - started
         return self._relay(resp, call)
@@ -116,7 +116,7 @@ class HttpDeployment(Deployment):
                 sent = True
                 yield data + b"\n"
         except (TimeoutError, aiohttp.ClientError) as exc:
-            failure = _failure(exc)
+            failure = upstream_failure(exc)
             if not sent:
                 raise failure from None  # nothing reached the client: the router may retry
             # Events are out, so no retry: end with an error event the client can see. The
@@ -147,7 +147,7 @@ class HttpDeployment(Deployment):
         )
 
 
-async def _check(resp: aiohttp.ClientResponse) -> None:
+async def check_response(resp: aiohttp.ClientResponse) -> None:
     if resp.status < 300:
         return
     raw = await resp.read()
@@ -173,7 +173,7 @@ def error_event(message: str, code: str) -> bytes:
     return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _failure(exc: BaseException) -> UpstreamFailure:
+def upstream_failure(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TimeoutError):
         return UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
     return UpstreamFailure(502, "could not reach the upstream", code="upstream_unreachable")
