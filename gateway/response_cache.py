@@ -129,11 +129,34 @@ def fresh(hit: Hit, *, response_id: str, model: str) -> dict[str, Any]:
     return {**hit.body, "id": response_id, "created": int(time.time()), "model": model}
 
 
+# What a cached answer may hold: a replay must give back exactly what was stored, streamed
+# or not (gateway/sse.py), so anything else (refusals, audio, annotations) is not cached.
+_REPLAYABLE_MESSAGE = frozenset({"role", "content", "tool_calls"})
+_REPLAYABLE_CALL = frozenset({"id", "type", "function"})
+
+
 def cacheable(response: dict[str, Any]) -> bool:
-    """Only whole answers: every choice finished by a stop or the token limit."""
+    """Only whole answers that a replay reproduces: every choice finished (stop, the token
+    limit, or tool calls), holding text and function calls only."""
     choices = response.get("choices")
-    return bool(choices) and all(
-        isinstance(c, dict) and c.get("finish_reason") in ("stop", "length") for c in choices)
+    return bool(choices) and all(_replayable(c) for c in choices)
+
+
+def _replayable(choice: Any) -> bool:
+    if not isinstance(choice, dict) or choice.get("finish_reason") not in (
+            "stop", "length", "tool_calls"):
+        return False
+    message = choice.get("message")
+    if message is None:
+        return isinstance(choice.get("text"), str)  # a text completion
+    if not isinstance(message, dict) or not set(message) <= _REPLAYABLE_MESSAGE:
+        return False
+    calls = message.get("tool_calls") or []
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and set(c) <= _REPLAYABLE_CALL and isinstance(c.get("id"), str)
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments"), str) for c in calls)
 
 
 def _hit(raw: bytes, kind: str, similarity: float | None) -> Hit | None:

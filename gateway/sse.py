@@ -35,6 +35,13 @@ def replay(response: dict[str, Any], *, chat: bool, include_usage: bool) -> list
                      "finish_reason": None} if chat else
                     {"index": index, "text": piece, "logprobs": None, "finish_reason": None})
             events.append(event({**head, "choices": [part], **extra}))
+        calls = (choice.get("message") or {}).get("tool_calls") or [] if chat else []
+        for k, call in enumerate(calls):  # one delta per call: id, name and all its arguments
+            delta = {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                     "function": call["function"]}]}
+            events.append(event({**head, "choices": [
+                {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
+                **extra}))
         last = ({"index": index, "delta": {}, "logprobs": None,
                  "finish_reason": choice.get("finish_reason")} if chat else
                 {"index": index, "text": "", "logprobs": None,
@@ -65,6 +72,7 @@ class StreamAssembler:
         self.chat = chat
         self._head: dict[str, Any] | None = None
         self._texts: dict[int, list[str]] = {}
+        self._calls: dict[int, dict[int, dict[str, Any]]] = {}
         self._finish: dict[int, str | None] = {}
         self._usage: dict[str, Any] | None = None
         self._done = False
@@ -97,13 +105,36 @@ class StreamAssembler:
             if not isinstance(choice, dict):
                 continue
             index = int(choice.get("index", 0))
-            piece = (choice.get("delta") or {}).get("content") if self.chat else choice.get(
-                "text")
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") if self.chat else choice.get("text")
             if isinstance(piece, str):
                 self._texts.setdefault(index, []).append(piece)
+            if self.chat:
+                self._take_delta(index, delta)
             if choice.get("finish_reason") is not None:
                 self._finish[index] = choice["finish_reason"]
             self._texts.setdefault(index, [])
+
+    def _take_delta(self, index: int, delta: Any) -> None:
+        """Tool-call pieces by call index; anything a replay could not give back (refusals,
+        audio, ...) marks the stream as not worth keeping."""
+        if not isinstance(delta, dict):
+            self._broken = True
+            return
+        if any(v is not None for k, v in delta.items() if k not in ("role", "content",
+                                                                  "tool_calls")):
+            self._broken = True
+        for piece in delta.get("tool_calls") or []:
+            if not isinstance(piece, dict) or not isinstance(piece.get("index"), int):
+                self._broken = True
+                continue
+            call = self._calls.setdefault(index, {}).setdefault(
+                piece["index"], {"id": None, "type": "function",
+                                 "function": {"name": None, "arguments": ""}})
+            call["id"] = piece.get("id") or call["id"]
+            function = piece.get("function") or {}
+            call["function"]["name"] = function.get("name") or call["function"]["name"]
+            call["function"]["arguments"] += function.get("arguments") or ""
 
     def result(self) -> dict[str, Any] | None:
         if not self._done or self._broken or self._head is None or not self._texts:
@@ -114,8 +145,12 @@ class StreamAssembler:
         for index in sorted(self._texts):
             text = "".join(self._texts[index])
             if self.chat:
-                choices.append({"index": index, "logprobs": None,
-                                "message": {"role": "assistant", "content": text},
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                calls = [self._calls[index][k] for k in sorted(self._calls.get(index, {}))]
+                if calls:
+                    message["tool_calls"] = calls
+                    message["content"] = text or None
+                choices.append({"index": index, "logprobs": None, "message": message,
                                 "finish_reason": self._finish[index]})
             else:
                 choices.append({"index": index, "text": text, "logprobs": None,

@@ -146,6 +146,7 @@ class World:
     client: openai.AsyncOpenAI
     recorder: Recorder
     usage: Any
+    settled: Any
 
 
 @pytest.fixture
@@ -166,7 +167,10 @@ async def world(sqlite_url: str, tmp_path: Path, recorder: Recorder) -> AsyncIte
             assert r.status_code == 200, r.text
             return r.json()
 
-        yield World(client, recorder, usage)
+        async def settled() -> None:
+            await asyncio.gather(*app.state.gateway.background)
+
+        yield World(client, recorder, usage, settled)
 
 
 def sent_as(body: dict[str, Any]) -> dict[str, Any]:
@@ -236,3 +240,39 @@ async def test_what_a_deployment_cannot_take_is_refused_by_name(world):
     assert info.value.body["param"] == "messages.1.content.1"
     assert "does not support images" in info.value.body["message"]
     assert len(world.recorder.bodies) == before  # nothing was sent upstream
+
+
+def fold_calls(chunks: list[Any]) -> list[dict[str, Any]]:
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for piece in choice.delta.tool_calls or []:
+                call = calls.setdefault(piece.index, {"id": None, "type": "function",
+                                                      "function": {"name": None,
+                                                                   "arguments": ""}})
+                call["id"] = piece.id or call["id"]
+                if piece.function is not None:
+                    call["function"]["name"] = piece.function.name or call["function"]["name"]
+                    call["function"]["arguments"] += piece.function.arguments or ""
+    return [calls[i] for i in sorted(calls)]
+
+
+async def test_cached_tool_calls_replay_whole_streamed_or_not(world):
+    """A deterministic tool-call answer is cached with its calls: a stream is assembled with
+    them, and a hit gives them back in either shape."""
+    ask = {"model": "via-http", "messages": [{"role": "user", "content": "weather?"}],
+           "tools": [WEATHER], "temperature": 0}
+    live = await world.client.chat.completions.create(**ask, stream=True)
+    assert fold_calls([c async for c in live]) == CALLS
+    await world.settled()
+    upstream_calls = len(world.recorder.bodies)
+    raw = await world.client.chat.completions.with_raw_response.create(**ask)
+    assert raw.headers["x-cache"] == "hit"
+    reply = raw.parse()
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert [c.model_dump() for c in reply.choices[0].message.tool_calls] == CALLS
+    replayed = await world.client.chat.completions.create(**ask, stream=True)
+    chunks = [c async for c in replayed]
+    assert fold_calls(chunks) == CALLS
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert len(world.recorder.bodies) == upstream_calls  # both answered from the cache
