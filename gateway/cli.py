@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import ssl
 import sys
 
@@ -17,8 +18,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="switchboard")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="migrate the database and serve the gateway")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default=None, help="default: SWITCHBOARD_HOST or 127.0.0.1")
+    serve.add_argument("--port", type=int, default=None, help="default: SWITCHBOARD_PORT or 8000")
+    serve.add_argument("--server", choices=("uvicorn", "granian"), default=None,
+                       help="the HTTP server (default: SWITCHBOARD_SERVER or uvicorn)")
     serve.set_defaults(func=_serve)
     worker = sub.add_parser("worker", help="serve one engine over HTTP, without tenancy")
     _worker_arguments(worker)
@@ -33,10 +36,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
     from gateway.app import create_app
+    from gateway.routes.metrics import announce_metrics_access
+    from gateway.server import serve
     from tenancy.migrate import upgrade
+
+    chosen = {"host": args.host, "port": args.port, "server": args.server}
+    settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
+    if settings.server == "granian":  # its worker process reads the environment
+        os.environ["SWITCHBOARD_SERVER"] = "granian"
+        os.environ["SWITCHBOARD_HOST"] = settings.host
+        os.environ["SWITCHBOARD_PORT"] = str(settings.port)
 
     if settings.migrate_on_start:
         upgrade(settings.database_url)
@@ -44,8 +54,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if key is not None:
         print(f"\nBootstrap admin key (shown once, stored only hashed):\n\n    {key}\n",
               flush=True)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port,
-                log_level=settings.log_level, access_log=False, log_config=None)
+    announce_metrics_access(settings)
+    app = None if settings.server == "granian" else create_app(settings)
+    serve(app, settings, host=settings.host, port=settings.port)
     return 0
 
 

@@ -6,9 +6,10 @@ upstream. Each request runs inside its log context (request id, later the tenant
 tracing is on, a SERVER span that continues the caller's `traceparent`; it ends with one
 `switchboard.access` log line (/health and /metrics are neither traced nor logged).
 
-Bodies announced as too large are refused with 413 before they are read. Adapter uploads have
-their own, larger limit, also enforced while the body streams in (multipart bodies are spooled
-to disk as they arrive).
+Bodies are limited on every route: announced as too large, they are refused with 413 before
+they are read; otherwise the bytes actually received are counted as they stream in
+(`gateway.body_guard`), before any parser sees them. Adapter uploads have their own, larger
+limit. A client that leaves mid-body is logged at debug level as a 499, never as a 500.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import time
 import uuid
 
 from opentelemetry.trace import Tracer
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import APIError, too_large
+from gateway.body_guard import BodyGuard, BodyTooLarge, too_large_response
+from gateway.errors import APIError
 from gateway.observability.logs import current_request, request_log
 from gateway.observability.tracing import REQUEST_ID
 from workers.telemetry import is_traced, serve_traced
@@ -55,11 +56,14 @@ class GatewayMiddleware:
         state["request_id"] = request_id.decode()
         state["upstream_s"] = 0.0
         status = 0
+        path: str = scope.get("path", "")
+        limit = self.max_upload_bytes if path.endswith(UPLOAD_SUFFIX) else self.max_body_bytes
+        body = BodyGuard(receive, limit)
 
         async def send_with_headers(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status = 499 if body.disconnected else message["status"]
                 overhead_ms = (time.perf_counter() - started - state["upstream_s"]) * 1000
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id))
@@ -67,24 +71,31 @@ class GatewayMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        path: str = scope.get("path", "")
-        limit = self.max_body_bytes
-        if path.endswith(UPLOAD_SUFFIX):
-            limit = self.max_upload_bytes
-            receive = _limited(receive, limit)
         traced = is_traced(path)
 
         async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+            nonlocal status
             error: BaseException | None = None
             try:
                 if length and (not length.isdigit() or int(length) > limit):
-                    await too_large(limit).response()(scope, receive, send)
+                    await too_large_response(limit)(scope, receive, send)
                     return
                 await self.app(scope, receive, send)
-            except BaseException as exc:
+            except BodyTooLarge:  # the app's handler answers it; this is a safety net
+                if status:
+                    raise
+                await too_large_response(limit)(scope, receive, send)
+            except Exception as exc:
+                if body.disconnected:  # whatever broke, it broke because the client left
+                    status = 499
+                    logger.debug("client disconnected mid-body on %s %s (%s)",
+                                 scope.get("method"), path, type(exc).__name__)
+                    return
+                error = exc  # the app answers 500; its ids are here only
+                logger.exception("unhandled error on %s %s", scope.get("method"), path)
+                raise
+            except BaseException as exc:  # cancelled: the client left (499)
                 error = exc
-                if isinstance(exc, Exception):  # the app answers 500; its ids are here only
-                    logger.exception("unhandled error on %s %s", scope.get("method"), path)
                 raise
             finally:  # inside the request span, so the line carries its trace id
                 if traced:
@@ -93,9 +104,9 @@ class GatewayMiddleware:
         tracer = _tracer(scope) if traced else None
         with request_log(state["request_id"]):
             if tracer is None:
-                await serve(scope, receive, send_with_headers)
+                await serve(scope, body, send_with_headers)
             else:
-                await serve_traced(tracer, scope, receive, send_with_headers, serve,
+                await serve_traced(tracer, scope, body, send_with_headers, serve,
                                    attributes={REQUEST_ID: state["request_id"]})
 
 
@@ -122,22 +133,6 @@ def _log_request(scope: Scope, status: int, elapsed_s: float, error: BaseExcepti
     access_log.info("%s %s %d", method, path, status, extra={
         "method": method, "path": path, "status": status,
         "duration_ms": round(elapsed_s * 1000, 3), **fields})
-
-
-def _limited(receive: Receive, limit: int) -> Receive:
-    """`receive` that refuses (413) a body growing past `limit`, however it is framed."""
-    size = 0
-
-    async def receive_limited() -> Message:
-        nonlocal size
-        message = await receive()
-        if message["type"] == "http.request":
-            size += len(message.get("body", b""))
-            if size > limit:  # FastAPI re-raises HTTPException from body parsing as it is
-                raise HTTPException(413, too_large(limit).message)
-        return message
-
-    return receive_limited
 
 
 class TenantUploadGuard:

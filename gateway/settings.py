@@ -68,8 +68,22 @@ class Settings(BaseSettings):
     cache_max_entry_bytes: int = 1 << 20
     semantic_threshold: float | None = None  # None: the measured default (caching.semantic)
 
-    # Request handling.
-    max_body_bytes: int = 4 << 20
+    # Request handling. Every limit below is listed in docs/security.md.
+    max_body_bytes: int = 4 << 20  # counted on the bytes received, whatever the framing
+    # The HTTP server (`switchboard serve`; docs/security.md says why uvicorn is the default).
+    # Bound to anything but loopback, /metrics requires `metrics_token`.
+    host: str = "127.0.0.1"
+    port: int = 8000
+    server: Literal["uvicorn", "granian"] = "uvicorn"
+    server_max_header_bytes: int = 32 << 10  # request line and headers: larger is a 431
+    server_header_read_timeout_s: float = 10.0  # a request head must arrive within this
+    server_keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed then
+    server_max_connections: int = 1000  # open connections; past it a new one gets 503, closed
+    # Failed sign-ins and bearer keys per source address: after `auth_failures_free` failures
+    # each further one waits twice as long (up to the max) before it is answered 429.
+    auth_failures_free: int = 5
+    auth_backoff_max_s: float = 60.0
+    auth_throttle_max_sources: int = 10_000  # sources remembered; the stalest go first
     upstream_timeout_s: float = 600.0
     upstream_max_connections: int = 256
     # Auth cache: how often each replica checks the auth version (revocations, plan edits).
@@ -107,8 +121,8 @@ class Settings(BaseSettings):
     worker_tls_ca_file: Path | None = None
     worker_tls_cert_file: Path | None = None
     worker_tls_key_file: Path | None = None
-    # GET /metrics: when set, scrapers send `Authorization: Bearer <token>`. Empty: open to
-    # anyone who can reach it, so then keep /metrics reachable only from inside the network.
+    # GET /metrics: scrapers send `Authorization: Bearer <token>`. Empty: /metrics answers only
+    # when the gateway is bound to loopback (`host`), and is refused otherwise.
     metrics_token: str = ""
 
     # --- Console (docs/console.md): the admin web console at /console --------------------

@@ -1,8 +1,15 @@
-"""Prometheus scrapes: not behind tenant auth, optionally behind a token of its own."""
+"""Prometheus scrapes: not behind tenant auth, behind a token of their own.
+
+The counters name every tenant, so without `metrics_token` they are served only while the
+gateway is bound to loopback (`host`); bound to anything else, a scrape needs the token, and
+`switchboard serve` says at start which of the two holds.
+"""
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import logging
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -10,8 +17,10 @@ from starlette.responses import Response
 
 from gateway.deps import StateDep
 from gateway.errors import APIError
+from gateway.settings import Settings
 
 router = APIRouter(tags=["metrics"])
+logger = logging.getLogger(__name__)
 
 
 @router.get("/metrics", include_in_schema=False)
@@ -20,7 +29,33 @@ async def metrics(request: Request, state: StateDep) -> Response:
     if token and not _bearer_matches(request.headers.get("authorization"), token):
         raise APIError(401, "A valid metrics token is required: 'Authorization: Bearer <token>'.",
                        code="invalid_metrics_token")
+    if not token and not is_loopback(state.settings.host):
+        raise APIError(403, "/metrics needs SWITCHBOARD_METRICS_TOKEN when the gateway is not "
+                       "bound to loopback.", type_="permission_error",
+                       code="metrics_token_required")
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost; a wildcard or any other address is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def announce_metrics_access(settings: Settings) -> None:
+    """The start-up line that says who may scrape /metrics."""
+    if settings.metrics_token:
+        logger.info("/metrics requires the metrics token")
+    elif is_loopback(settings.host):
+        logger.info("/metrics is open on loopback (%s); set SWITCHBOARD_METRICS_TOKEN before "
+                    "binding elsewhere", settings.host)
+    else:
+        logger.warning("/metrics is refused: bound to %s without SWITCHBOARD_METRICS_TOKEN",
+                       settings.host)
 
 
 def _bearer_matches(header: str | None, token: str) -> bool:
