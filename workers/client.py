@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,10 +97,17 @@ class EmbeddedClient:
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
-    async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
-        """Run to the end; cancelling the awaiting task aborts the engine request."""
+    async def complete(self, call: PreparedCall, *, request_id: str,
+                       on_first_output: Callable[[], None] | None = None) -> dict[str, Any]:
+        """Run to the end; cancelling the awaiting task aborts the engine request.
+
+        `on_first_output` is called once the engine has produced something: the request is
+        then running, not stuck (the gateway's routing deadline stops there)."""
         final: RequestOutput | None = None
         async for final in self.engine.generate(call.request, request_id=request_id):
+            if on_first_output is not None:
+                on_first_output()
+                on_first_output = None
             _count(call, final)
         assert final is not None
         call.usage.finished = True

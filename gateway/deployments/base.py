@@ -3,6 +3,7 @@ can apply tenants' LoRA adapters, loading and unloading them."""
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -61,6 +62,9 @@ class Call:
     native: Any = None  # the deployment's own prepared form
     adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
+    # Set by a deployment that can see its upstream working (the engine's first output): from
+    # then on the request is making progress and no routing deadline may cut it.
+    progress: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def take_usage(self, usage: Any) -> None:
         """Adopt an upstream's OpenAI `usage` object (ignored when it is not one)."""

@@ -100,7 +100,8 @@ class EmbeddedDeployment(Deployment):
         started = time.perf_counter()
         try:
             await self._ensure_adapter(call)
-            response = await self.client.complete(native, request_id=request_id)
+            response = await self.client.complete(native, request_id=request_id,
+                                                  on_first_output=call.progress.set)
         except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
             raise _api_error(exc, call) from None
         finally:
