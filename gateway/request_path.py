@@ -34,7 +34,7 @@ from starlette.types import Receive
 
 from billing.pricing import charge
 from gateway.admission import admission_request, ratelimit_headers, refusal
-from gateway.deployments.base import Call, Deployment
+from gateway.deployments.base import Call, Deployment, prepared
 from gateway.errors import APIError, bad_request, too_large
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
@@ -86,7 +86,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         return call
 
     with tracing.span("prepare"):
-        order, call = first_that_fits(plan, prepare)
+        order, call = await first_that_fits(plan, prepare)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price)
@@ -175,8 +175,8 @@ def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
     return kinds
 
 
-def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
-                    ) -> tuple[list[Deployment], Call]:
+async def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
+                          ) -> tuple[list[Deployment], Call]:
     """The plan from the first deployment whose context window holds the prompt, and its call.
 
     A prompt too long for one deployment moves on to the next with a larger window; when none
@@ -186,7 +186,7 @@ def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
         if too_long.skips(deployment):
             continue
         try:
-            return plan.order[index:], prepare(deployment)
+            return plan.order[index:], await prepared(deployment, prepare)
         except APIError as exc:
             too_long.refused(deployment, exc)
     assert too_long.first is not None

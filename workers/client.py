@@ -8,6 +8,7 @@ answer with a proper HTTP status.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable
@@ -73,6 +74,13 @@ class EmbeddedClient:
     @property
     def context_window(self) -> int:
         return self.engine._require_engine().max_model_len
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: its vocabulary entry's length (a
+        byte-level entry has one character per byte, never fewer than it decodes to)."""
+        vocab = self.engine.tokenizer.get_vocab()
+        return max(1, max((len(piece) for piece in vocab), default=1))
 
     def prepare(
         self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None,

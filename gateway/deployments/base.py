@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,12 @@ class Deployment(ABC):
         return None
 
     @property
+    def tokenizes(self) -> bool:
+        """Whether `prepare` runs a tokenizer (the gateway then runs it off the event loop, so
+        no request's prompt stalls every other request)."""
+        return False
+
+    @property
     def serves_adapters(self) -> bool:
         """Whether this deployment can apply tenants' LoRA adapters (HTTP upstreams cannot)."""
         return False
@@ -165,3 +171,10 @@ def estimated_call(config: DeploymentConfig, request: OpenAIRequest, *, chat: bo
     max_tokens = request.requested_max_tokens or (window - prompt_tokens)
     return Call(request, chat, prompt_tokens=prompt_tokens,
                 max_output_tokens=max_tokens * (request.n or 1))
+
+
+async def prepared(deployment: Deployment, prepare: Callable[[Deployment], Call]) -> Call:
+    """`prepare(deployment)`, in a worker thread where it tokenizes."""
+    if deployment.tokenizes:
+        return await asyncio.to_thread(prepare, deployment)
+    return prepare(deployment)

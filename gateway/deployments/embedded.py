@@ -81,8 +81,13 @@ class EmbeddedDeployment(Deployment):
             return {}
         return {status.name: status.tier for status in await self.engine.list_loras()}
 
+    @property
+    def tokenizes(self) -> bool:
+        return True
+
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
+        self._refuse_impossible(request, chat=chat)
         body = request.upstream_body()
         try:
             salt = None if self.config.shared_prefix_cache else tenant_id
@@ -94,6 +99,18 @@ class EmbeddedDeployment(Deployment):
         return Call(request, chat, prompt_tokens=prepared.usage.prompt_tokens,
                     max_output_tokens=prepared.max_output_tokens, usage=prepared.usage,
                     native=prepared, adapter=adapter)
+
+    def _refuse_impossible(self, request: OpenAIRequest, *, chat: bool) -> None:
+        """A prompt too long for the window whatever its tokens is refused before any
+        tokenizer runs: no token is longer than the vocabulary's longest entry, so a prompt
+        of n characters has at least n / that many tokens."""
+        fewest = request.prompt_chars() // self.client.max_token_chars
+        window = self.client.context_window
+        if fewest >= window:
+            raise bad_request(
+                f"This model's maximum context length is {window} tokens; the prompt has at "
+                f"least {fewest}.", param="messages" if chat else "prompt",
+                code="context_length_exceeded")
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
         native: PreparedCall = call.native

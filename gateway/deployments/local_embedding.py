@@ -116,6 +116,10 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
     def window(self) -> int:
         return min(self.config.context_window, self.encoder.window)
 
+    @property
+    def tokenizes(self) -> bool:
+        return True
+
     def prepare_embedding(self, request: EmbeddingRequest) -> Call:
         extras = request.extra_fields()
         if extras:  # nothing outside OpenAI's schema means anything to this model

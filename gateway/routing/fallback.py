@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from gateway.deployments.base import Call, Deployment, UpstreamFailure
+from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
@@ -70,7 +70,7 @@ class Fallbacks:
             if not health.breaker.try_acquire():
                 continue
             try:
-                call = first_call if index == 0 else prepare(deployment)
+                call = first_call if index == 0 else await prepared(deployment, prepare)
             except APIError as exc:
                 health.breaker.release()
                 too_long.refused(deployment, exc)

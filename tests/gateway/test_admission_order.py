@@ -1,0 +1,63 @@
+"""Tokenizing is never done on the event loop, and an impossible prompt is refused before any
+tokenizer runs (issue: one tenant's huge bodies stalled every other request)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from tests.gateway.support import bearer, gateway_client, seed_tenant, settings
+from workers.async_engine import AsyncLLMEngine
+from workers.client import EmbeddedClient
+
+
+@pytest.fixture
+async def world(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
+    tenant = await seed_tenant(sqlite_url, tmp_path, name="t")
+    engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
+    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    seen: list[str] = []
+    gate = threading.Event()
+    gate.set()
+    real = EmbeddedClient.prepare
+
+    def watched(self, body, **kwargs):
+        seen.append(threading.current_thread().name)
+        gate.wait(30)
+        return real(self, body, **kwargs)
+
+    monkeypatch.setattr(EmbeddedClient, "prepare", watched)
+    async with gateway_client(cfg, engine=engine) as client:
+        client.headers.update(bearer(tenant.key))
+        yield client, seen, gate
+
+
+def ask(text: str) -> dict:
+    return {"model": "tiny", "max_tokens": 1, "messages": [{"role": "user", "content": text}]}
+
+
+async def test_an_impossible_prompt_is_refused_before_tokenizing(world):
+    client, seen, _ = world
+    deployment = client._transport.app.state.gateway.deployments.route("tiny").deployments[0]
+    longest = deployment.client.max_token_chars
+    window = deployment.client.context_window
+    r = await client.post("/v1/chat/completions", json=ask("x" * (longest * window)))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert seen == []  # no tokenizer ran
+
+
+async def test_tokenizing_runs_off_the_loop_while_others_are_answered(world):
+    client, seen, gate = world
+    gate.clear()  # the next tokenization blocks until released
+    slow = asyncio.create_task(client.post("/v1/chat/completions", json=ask("hello " * 500)))
+    while not seen:
+        await asyncio.sleep(0.01)
+    assert seen[0] != threading.current_thread().name  # a worker thread, not the loop's
+    live = await client.get("/health/live")  # answered while the tokenizer is still busy
+    assert live.status_code == 200 and not slow.done()
+    gate.set()
+    done = await slow
+    assert done.status_code == 200, done.text
