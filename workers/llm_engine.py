@@ -87,6 +87,7 @@ class LLMEngine:
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_waiting=args.max_waiting,
+                long_prefill_token_threshold=args.long_prefill_token_threshold,
                 max_loras=args.max_loras if args.enable_lora else 0,
             ),
             self.block_manager,

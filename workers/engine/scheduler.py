@@ -69,6 +69,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_waiting: int = 4096
     max_loras: int = 0  # distinct adapters among running requests; 0 = LoRA off
+    # The most prompt tokens one request may prefill in a step while another request is
+    # waiting or running (0: no cap). A long prompt then advances in chunks of this size and
+    # the others are served beside it instead of after it; alone, it takes the whole budget.
+    long_prefill_token_threshold: int = 0
 
 
 class Scheduler:
@@ -97,7 +101,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self._capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget),
+                                   others=len(self.running) > 1 or bool(self.waiting))
             if num_new == 0:  # its next token has not been sampled yet
                 i += 1
                 continue
@@ -125,7 +130,8 @@ class Scheduler:
                 cached = self.block_manager.match_prefix(seq)
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = cached
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            num_new = self._capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget),
+                                   others=bool(self.running) or len(self.waiting) > 1)
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
                 break
@@ -138,6 +144,11 @@ class Scheduler:
         for seq in passed_over:
             self.waiting.push(seq)
         return out
+
+    def _capped(self, seq: Sequence, num_new: int, *, others: bool) -> int:
+        """A prompt chunk cut to `long_prefill_token_threshold` when others want the step."""
+        cap = self.config.long_prefill_token_threshold
+        return min(num_new, cap) if cap > 0 and others else num_new
 
     def active_loras(self) -> set[int]:
         """Adapters of running requests: they hold device slots."""

@@ -206,3 +206,56 @@ def test_pinned_adapters_count_against_the_cap():
     sched.add(b)
     out = sched.schedule()
     assert [c.seq_id for c in out.chunks] == [a.seq_id]  # 1 plus pinned 9 fill both slots
+
+
+def capped_scheduler(budget: int = 32, cap: int = 8) -> Scheduler:
+    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget,
+                                     long_prefill_token_threshold=cap),
+                     BlockManager(64, 4))
+
+
+def test_a_long_prompt_alone_takes_the_whole_budget():
+    sched = capped_scheduler()
+    long = make_seq(40)
+    sched.add(long)
+    out = sched.schedule()
+    assert [(ch.seq_id, ch.start_pos, ch.num_tokens) for ch in out.chunks] == [
+        (long.seq_id, 0, 32)]
+
+
+def test_a_long_prompt_is_capped_while_a_short_one_waits_and_both_advance():
+    sched = capped_scheduler()
+    long, short = make_seq(40), make_seq(3)
+    sched.add(long)
+    sched.schedule()  # alone: 32 tokens
+    sched.add(short)
+    out = sched.schedule()
+    # long gets the cap, not the whole budget, and short is admitted in the same step
+    assert [(ch.seq_id, ch.start_pos, ch.num_tokens, ch.num_samples) for ch in out.chunks] == [
+        (long.seq_id, 32, 8, 1), (short.seq_id, 0, 3, 1)]
+    assert (long.block_table, short.block_table) == ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10])
+
+
+def test_two_long_prompts_share_the_step_in_capped_chunks():
+    sched = capped_scheduler(budget=20, cap=8)
+    a, b = make_seq(30), make_seq(30)
+    sched.add(a)
+    sched.add(b)
+    out = sched.schedule()
+    assert [(ch.seq_id, ch.start_pos, ch.num_tokens) for ch in out.chunks] == [
+        (a.seq_id, 0, 8), (b.seq_id, 0, 8)]
+    out = sched.schedule()
+    assert [(ch.seq_id, ch.start_pos, ch.num_tokens) for ch in out.chunks] == [
+        (a.seq_id, 8, 8), (b.seq_id, 8, 8)]
+
+
+def test_decodes_are_never_affected_by_the_cap():
+    sched = capped_scheduler(budget=32, cap=2)
+    a = make_seq(2)
+    sched.add(a)
+    out = sched.schedule()
+    decode(sched, out)
+    b = make_seq(10)
+    sched.add(b)
+    out = sched.schedule()
+    assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [(a.seq_id, 1), (b.seq_id, 2)]
