@@ -12,7 +12,8 @@ What it does:
    - ``direct``: the mock itself;
    - ``gateway``: ``python -m gateway.cli serve`` on a fresh SQLite database, one deployment
      ``mock-model`` on the mock, a plan with limits far above the load, a tenant and a tenant
-     key (so auth, rate limits, budget reservation and usage metering all run);
+     key (so auth, rate limits, budget reservation and usage metering all run), served by
+     uvicorn with the connection limits, or by granian with ``--server granian``;
    - ``litellm``: LiteLLM Proxy 1.106.0 from its own venv (``bench/litellm_peer.py`` says what
      its DB-less config has on), created on first use.
    It checks one plain and one streamed request (and, through a proxy, that the mock saw the
@@ -149,9 +150,10 @@ deployments:
 """
 
 
-def gateway_env(tmp: Path) -> dict[str, str]:
+def gateway_env(tmp: Path, server: str = "uvicorn") -> dict[str, str]:
     env = dict(os.environ)
     env.update({
+        "SWITCHBOARD_SERVER": server,
         "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'gw.db'}",
         "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
         "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
@@ -186,12 +188,13 @@ def gateway_cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
-def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
-    """Migrate, create plan/tenant/key, serve; the tenant key's target."""
+def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning, http_server: str = "uvicorn"
+                  ) -> Target:
+    """Migrate, create plan/tenant/key, serve (under `http_server`); the tenant key's target."""
     gw_tmp = tmp / "gateway"
     gw_tmp.mkdir()
     (gw_tmp / "deployments.yaml").write_text(deployments_yaml(mock.url + "/v1"))
-    env = gateway_env(gw_tmp)
+    env = gateway_env(gw_tmp, http_server)
     gateway_cli(["migrate"], env)
     gateway_cli(["plans", "create", "--name", "bench", "--rpm", "10000000", "--tpm",
                  "2000000000", "--max-concurrent", "100000", "--budget-usd", "1000000"], env)
@@ -208,7 +211,8 @@ def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
         server.stop()
         raise
     info = {"setup": "SQLite (aiosqlite), plan rpm=1e7 tpm=2e9 max_concurrent=1e5 "
-                     "budget=$1e6, one tenant key", "ready_s": round(ready_s, 2)}
+                     "budget=$1e6, one tenant key", "server": http_server,
+            "ready_s": round(ready_s, 2)}
     return Target("gateway", server.url, str(key), GATEWAY_HEADER, server, info)
 
 
@@ -514,6 +518,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/...)")
     p.add_argument("--keep-tmp", action="store_true", help="keep logs and databases")
+    p.add_argument("--server", choices=("uvicorn", "granian"), default="uvicorn",
+                   help="the HTTP server under the gateway (SWITCHBOARD_SERVER)")
     args = p.parse_args(argv)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
@@ -532,7 +538,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def is_standard(args: argparse.Namespace) -> bool:
     """Whether this run is the recorded standard one (all systems, sizes, concurrencies)."""
     return (not args.quick and args.requests is None and args.duration is None
-            and args.systems == ",".join(SYSTEMS)
+            and args.server == "uvicorn" and args.systems == ",".join(SYSTEMS)
             and args.concurrency == ",".join(map(str, CONCURRENCIES)))
 
 
@@ -540,7 +546,8 @@ STARTERS = {"gateway": start_gateway, "litellm": start_litellm}
 
 
 def run_system(name: str, tmp: Path, mock: ServerProcess, concurrencies: list[int],
-               settings: Settings, pin: Pinning) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               settings: Settings, pin: Pinning, server: str = "uvicorn"
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Start, check and measure one system; (status, rows). Never raises."""
     print(f"{name}: starting", flush=True)
     target: Target | None = None
@@ -549,7 +556,8 @@ def run_system(name: str, tmp: Path, mock: ServerProcess, concurrencies: list[in
         if name == "direct":
             target = Target("direct", mock.url, UPSTREAM_KEY)
         else:
-            target = STARTERS[name](tmp, mock, pin)
+            target = (start_gateway(tmp, mock, pin, server) if name == "gateway"
+                      else STARTERS[name](tmp, mock, pin))
         checks = probe(target, mock)
         rows = measure_system(target, mock, concurrencies, settings, pin)
         status = {"ok": True, "checks": checks, **target.info}
@@ -592,7 +600,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mock = start_mock(tmp, pin)
     try:
         for name in systems:
-            status, rows = run_system(name, tmp, mock, concurrencies, settings, pin)
+            status, rows = run_system(name, tmp, mock, concurrencies, settings, pin,
+                                      args.server)
             result["systems"][name] = status
             result["results"].extend(rows)
     finally:

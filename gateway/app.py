@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
+from gateway.auth_throttle import AuthThrottle, FailureThrottle
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
@@ -53,6 +54,9 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(console_router)  # the admin web console at /console
     app.add_middleware(AdminGuard)  # admin auth before any body is parsed
     app.add_middleware(TenantUploadGuard, path=adapters.UPLOAD_PATH)
+    app.add_middleware(AuthThrottle, throttle=FailureThrottle(  # before any key is looked at
+        free=settings.auth_failures_free, max_s=settings.auth_backoff_max_s,
+        max_sources=settings.auth_throttle_max_sources))
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_upload_bytes=settings.max_adapter_upload_bytes)
     _add_error_handlers(app)

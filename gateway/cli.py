@@ -39,6 +39,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.app import create_app
     from gateway.routes.metrics import announce_metrics_access
     from gateway.server import serve
+    from tenancy.db import create_private_sqlite_file
     from tenancy.migrate import upgrade
 
     chosen = {"host": args.host, "port": args.port, "server": args.server}
@@ -48,6 +49,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         os.environ["SWITCHBOARD_HOST"] = settings.host
         os.environ["SWITCHBOARD_PORT"] = str(settings.port)
 
+    create_private_sqlite_file(settings.database_url)  # before alembic creates it 0644
     if settings.migrate_on_start:
         upgrade(settings.database_url)
     key = asyncio.run(_bootstrap_admin_key(settings))

@@ -128,9 +128,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
-        busy = self.cycle is not None and not self.cycle.response_complete
-        if not busy and not self.transport.is_closing():
-            self._refuse(408)
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_head_timer()  # a pipelined head waits for the answer before it; not cut
+            return
+        self._refuse(408)
 
     def _refuse(self, status: int) -> None:
         """Answer `status` and close; nothing more is read or run on this connection."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from sqlalchemy import MetaData, event
@@ -46,6 +47,31 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
+def _create_private_file(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> None:
+    """Before SQLite opens a database file, create it owner-only (0600) if it is new: it holds
+    key hashes and every tenant's usage. SQLite gives its -wal and -shm files the database
+    file's mode. An existing file is left as it is."""
+    path = cargs[0] if cargs else cparams.get("database")
+    if isinstance(path, str):
+        _private_file(path)
+
+
+def create_private_sqlite_file(url: str) -> None:
+    """For code that opens the database with an engine of its own (alembic): create a new
+    SQLite file owner-only first. Nothing for other databases or an existing file."""
+    if is_sqlite(url):
+        _private_file(make_url(url).database or "")
+
+
+def _private_file(path: str) -> None:
+    if path in ("", ":memory:") or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return
+
+
 def is_sqlite(url: str) -> bool:
     """Whether `url` points at SQLite (which needs batch mode in migrations, pragmas here)."""
     return make_url(url).get_backend_name() == "sqlite"
@@ -60,6 +86,7 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
         connect_args = dict(kwargs.pop("connect_args", {}))
         connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
         engine = create_async_engine(url, connect_args=connect_args, **kwargs)
+        event.listen(engine.sync_engine, "do_connect", _create_private_file)
         event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
         return engine
     kwargs.setdefault("pool_pre_ping", True)

@@ -1,13 +1,15 @@
 """Uploaded adapter files: one fresh folder per upload under `adapter_dir/<tenant id>/`.
 
 Folder names are random, never derived from what the client sent, so no upload can land
-outside `adapter_dir` or on top of another one. File I/O runs on a thread, off the event loop.
+outside `adapter_dir` or on top of another one. Every folder is owner-only (0700) and every file
+0600: tenants' weights are theirs. File I/O runs on a thread, off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -37,15 +39,26 @@ async def remove_upload(adapter_dir: Path, folder: str | Path) -> None:
 
 
 def _write(folder: Path, files: dict[str, BinaryIO]) -> None:
-    folder.mkdir(parents=True, mode=0o700)
+    for parent in (folder.parent.parent, folder.parent):  # adapter_dir, then the tenant's
+        _private_dir(parent)
+    folder.mkdir(mode=0o700)
     try:
         for name, source in files.items():
             source.seek(0)
-            with open(folder / name, "xb") as out:
+            fd = os.open(folder / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with open(fd, "wb") as out:
                 shutil.copyfileobj(source, out, 1 << 20)
     except BaseException:
         _remove(folder)
         raise
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` (and its parents) owner-only; an existing one is left as it is, since an
+    operator may have shared it on purpose."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
 
 
 def _remove(folder: Path) -> None:

@@ -1,6 +1,8 @@
 """Read a peft LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) and refuse,
 with a clear message, anything the engine cannot serve exactly: DoRA, modules other than the
-attention and MLP projections, ranks over the limit, a different base model, corrupt files.
+attention and MLP projections, ranks over the limit, a different base model, corrupt files,
+config values of the wrong type or out of range, and non-finite numbers in the config or the
+weights (one NaN would poison every row that uses the adapter).
 
 The scaling (lora_alpha / r, or lora_alpha / sqrt(r) with rslora) is folded into B at load,
 so applying an adapter is two matmuls per module and nothing else.
@@ -29,7 +31,9 @@ _REFUSED_FLAGS = {
     "layers_to_transform": "adapters on some layers only (layers_to_transform) are not supported",
     "rank_pattern": "per-module ranks (rank_pattern) are not supported",
     "alpha_pattern": "per-module alphas (alpha_pattern) are not supported",
+    "fan_in_fan_out": "fan_in_fan_out (Conv1D-style) adapters are not supported",
 }
+MAX_ALPHA = 1e6  # larger scalings are no fine-tune a base model survives
 
 
 class AdapterError(InvalidRequestError):
@@ -66,8 +70,7 @@ def load_adapter(
     config = _read_config(folder)
     rank = _rank(config, max_rank)
     targets = _targets(config)
-    scale = float(config.get("lora_alpha", rank)) / (
-        math.sqrt(rank) if config.get("use_rslora") else rank)
+    scale = _alpha(config, rank) / (math.sqrt(rank) if _flag(config, "use_rslora") else rank)
     tensors = _read_weights(folder)
     weights: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
@@ -80,6 +83,8 @@ def load_adapter(
         if layer >= num_layers:
             raise AdapterError(f"adapter {name!r} has layer {layer}, the base model has "
                                f"{num_layers}: it was made for another base model")
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise AdapterError(f"adapter {name!r}: {key} has non-finite values (NaN or inf)")
         weights.setdefault((layer, module), {})[side] = tensor
     loaded = {}
     for (layer, module), pair in weights.items():
@@ -106,10 +111,11 @@ def _read_config(folder: Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except FileNotFoundError:
         raise AdapterError(f"no adapter_config.json in {folder}") from None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise AdapterError(f"adapter_config.json is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise AdapterError("adapter_config.json must be a JSON object")
+    _check_finite(config, "adapter_config.json")
     if config.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"only LoRA adapters are supported, not {config.get('peft_type')}")
     for flag, message in _REFUSED_FLAGS.items():
@@ -127,6 +133,38 @@ def _rank(config: dict[str, Any], max_rank: int) -> int:
     if rank > max_rank:
         raise AdapterError(f"adapter rank {rank} exceeds max_lora_rank={max_rank}")
     return rank
+
+
+def _alpha(config: dict[str, Any], rank: int) -> float:
+    alpha = config.get("lora_alpha", rank)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not (
+            0 < alpha <= MAX_ALPHA):
+        raise AdapterError(f"adapter_config.json: 'lora_alpha' must be a number above 0 and at "
+                           f"most {MAX_ALPHA:g}")
+    dropout = config.get("lora_dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not (
+            0 <= dropout < 1):
+        raise AdapterError("adapter_config.json: 'lora_dropout' must be a number in [0, 1)")
+    return float(alpha)
+
+
+def _flag(config: dict[str, Any], name: str) -> bool:
+    value = config.get(name, False)
+    if not isinstance(value, bool):
+        raise AdapterError(f"adapter_config.json: '{name}' must be true or false")
+    return value
+
+
+def _check_finite(value: object, where: str) -> None:
+    """JSON as Python reads it allows NaN and Infinity; no value of a config may be one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise AdapterError(f"{where} has a non-finite number (NaN or Infinity)")
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_finite(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_finite(item, where)
 
 
 def _targets(config: dict[str, Any]) -> set[str]:

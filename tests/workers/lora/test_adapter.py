@@ -95,3 +95,38 @@ def test_refusals(base, tmp_path, tokenizer):
     wrong = make_adapter(other_base, tmp_path / "wrong")
     with pytest.raises(AdapterError, match="another base model"):
         load(wrong, model)
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"lora_alpha": "abc"}, "'lora_alpha' must be a number"),
+    ({"lora_alpha": float("nan")}, "non-finite"),
+    ({"lora_alpha": float("inf")}, "non-finite"),
+    ({"lora_alpha": 0}, "'lora_alpha' must be a number above 0"),
+    ({"lora_alpha": 1e9}, "at most"),
+    ({"lora_alpha": True}, "'lora_alpha' must be a number"),
+    ({"lora_dropout": 1.5}, "'lora_dropout'"),
+    ({"use_rslora": "yes"}, "'use_rslora' must be true or false"),
+    ({"fan_in_fan_out": True}, "fan_in_fan_out"),
+    ({"task_type": {"nested": [1.0, float("-inf")]}}, "non-finite"),
+])
+def test_malformed_config_values_are_refused(base, tmp_path, changes, message):
+    path, model = base
+    folder = make_adapter(path, tmp_path / "bad")
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config.update(changes)
+    (folder / "adapter_config.json").write_text(json.dumps(config))  # NaN/Infinity as Python
+    with pytest.raises(AdapterError, match=message):
+        load(folder, model)
+
+
+def test_non_finite_weights_are_refused(base, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path, model = base
+    folder = make_adapter(path, tmp_path / "nan")
+    weights = load_file(folder / "adapter_model.safetensors")
+    first = sorted(weights)[0]
+    weights[first][0, 0] = float("nan")
+    save_file(weights, folder / "adapter_model.safetensors")
+    with pytest.raises(AdapterError, match="non-finite"):
+        load(folder, model)
