@@ -414,7 +414,10 @@ class Ticket:
         self.closed = True
         self.release()
         usage = self.call.usage
-        billed_prompt = usage.prompt_tokens if (usage.completion_tokens or usage.finished) else 0
+        # An answer cut short before its first token still pays for the prompt work done,
+        # where the deployment reports it (the engine does); TPM settles on the same count.
+        billed_prompt = usage.prompt_tokens if (usage.completion_tokens or usage.finished) \
+            else min(usage.computed_prompt_tokens or 0, usage.prompt_tokens)
         plan = self.key.plan
         # Prefix-cache tokens only: an answer from the response cache is priced in full, then
         # scaled by the plan's share for hits.

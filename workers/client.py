@@ -36,6 +36,9 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finished: bool = False
+    # Of the prompt, what the deployment had computed when the request ended (engines report
+    # it; None where nobody knows): what an answer cut short before its first token costs.
+    computed_prompt_tokens: int | None = None
 
     def as_openai(self) -> dict[str, Any]:
         return {
@@ -112,11 +115,14 @@ class EmbeddedClient:
         `on_first_output` is called once the engine has produced something: the request is
         then running, not stuck (the gateway's routing deadline stops there)."""
         final: RequestOutput | None = None
-        async for final in self.engine.generate(call.request, request_id=request_id):
-            if on_first_output is not None:
-                on_first_output()
-                on_first_output = None
-            _count(call, final)
+        try:
+            async for final in self.engine.generate(call.request, request_id=request_id):
+                if on_first_output is not None:
+                    on_first_output()
+                    on_first_output = None
+                _count(call, final)
+        finally:
+            _count_work(call)
         assert final is not None
         call.usage.finished = True
         return self._response(final, call, request_id)
@@ -130,6 +136,7 @@ class EmbeddedClient:
             first = await anext(outputs)
         except BaseException:
             await outputs.aclose()
+            _count_work(call)
             raise
         return self._sse(first, outputs, call, request_id, include_usage)
 
@@ -186,6 +193,7 @@ class EmbeddedClient:
             yield b"data: [DONE]\n\n"
         finally:
             await rest.aclose()  # type: ignore[attr-defined]
+            _count_work(call)
 
     @staticmethod
     def _choice_deltas(index: int, deltas: list[Delta], is_first: bool, chat: bool,
@@ -261,6 +269,14 @@ def _count(call: PreparedCall, out: RequestOutput) -> None:
     usage.prompt_tokens = len(out.prompt_token_ids)
     usage.cached_tokens = out.num_cached_tokens
     usage.completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+
+
+def _count_work(call: PreparedCall) -> None:
+    """The prompt work the engine did, however the request ended (see Usage)."""
+    progress = call.request.progress
+    call.usage.computed_prompt_tokens = progress.num_computed_tokens
+    if not call.usage.completion_tokens:
+        call.usage.cached_tokens = progress.num_cached_tokens
 
 
 def _constrain_tool_calls(params: SamplingParams, tools: ToolPlan) -> None:

@@ -20,7 +20,7 @@ from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from workers.engine.sequence import FinishReason, RequestMetrics, Sequence
+from workers.engine.sequence import FinishReason, PromptProgress, RequestMetrics, Sequence
 from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
@@ -38,6 +38,7 @@ class PreparedRequest:
     cache_salt: str | None = None
     lora: str | None = None  # a registered adapter's name; None is the base model
     grammar: Any = None  # params.structured, compiled (structured_backend); None: unconstrained
+    progress: PromptProgress = field(default_factory=PromptProgress)  # the engine writes it
 
 
 @dataclass
@@ -59,6 +60,7 @@ class _Request:
     lora_id: int | None = None
     grammar: Any = None  # compiled; each sample gets its own matcher of it
     samples: list[_Sample] = field(default_factory=list)
+    progress: PromptProgress = field(default_factory=PromptProgress)
 
     @property
     def finished(self) -> bool:
@@ -215,7 +217,7 @@ class LLMEngine:
             raise InvalidRequestError("a structured request must come from prepare_request")
         request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
                            prepared.cache_salt, entry.lora_id if entry else None,
-                           prepared.grammar)
+                           prepared.grammar, progress=prepared.progress)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
@@ -360,9 +362,10 @@ class LLMEngine:
             self._assign_lora_slots(sched)
         now = time.monotonic()
         for chunk in sched.chunks:
-            metrics = self._request_of(chunk.seq_id).metrics
-            if metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = now
+            request = self._request_of(chunk.seq_id)
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            _note_progress(request, self._seqs[chunk.seq_id])
         for seq_id in sched.preempted_seq_ids:
             self._request_of(seq_id).metrics.num_preemptions += 1
         results = self.runner.execute(sched)
@@ -546,6 +549,15 @@ class LLMEngine:
             metrics=request.metrics,
             num_cached_tokens=request.samples[0].seq.num_cached_tokens or 0,
         )
+
+
+def _note_progress(request: _Request, seq: Sequence) -> None:
+    """The prompt tokens computed so far (never fewer than before: a preempted request's
+    recompute is not billed twice)."""
+    progress = request.progress
+    computed = min(seq.num_computed_tokens, len(request.prompt_token_ids))
+    progress.num_computed_tokens = max(progress.num_computed_tokens, computed)
+    progress.num_cached_tokens = max(progress.num_cached_tokens, seq.num_cached_tokens or 0)
 
 
 def _eos_token_ids(hf_config: Any, tokenizer: Any) -> list[int]:

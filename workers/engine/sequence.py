@@ -26,6 +26,17 @@ class FinishReason(enum.StrEnum):
 
 
 @dataclass
+class PromptProgress:
+    """How much of a request's prompt the engine has computed, readable from any thread.
+
+    Written by the step loop as chunks are scheduled (a scheduled chunk always runs), so a
+    request that ends before its first output token can still be billed for the work done."""
+
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # of those, served from the prefix cache
+
+
+@dataclass
 class RequestMetrics:
     """Timestamps from time.monotonic(); the derived figures are in seconds."""
 
