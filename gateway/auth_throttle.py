@@ -9,7 +9,9 @@ is in memory, per process, and bounded: past `max_sources` the least recently fa
 is forgotten, and a source quiet for `FORGET_AFTER_S` starts again from zero.
 
 The source is the ASGI client address; behind a proxy, uvicorn takes it from
-`X-Forwarded-For` only for the proxies in `FORWARDED_ALLOW_IPS`.
+`X-Forwarded-For` only for the proxies in `FORWARDED_ALLOW_IPS`. Loopback sources are never
+throttled: they are this machine (its scripts and checks), or a local proxy that did not say
+whose request it forwards, and throttling that would shut out every client behind it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.addresses import is_loopback
 from gateway.errors import APIError
 
 FORGET_AFTER_S = 900.0
@@ -93,6 +96,9 @@ class AuthThrottle:
             return
         client = scope.get("client")
         source = client[0] if client else "unknown"
+        if is_loopback(source):
+            await self.app(scope, receive, send)
+            return
         wait_s = self.throttle.retry_after(source)
         if wait_s > 0:
             await APIError(429, "Too many failed authentication attempts from your address; "

@@ -8,13 +8,13 @@ gateway is bound to loopback (`host`); bound to anything else, a scrape needs th
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+from gateway.addresses import is_loopback
 from gateway.deps import StateDep
 from gateway.errors import APIError
 from gateway.settings import Settings
@@ -34,16 +34,6 @@ async def metrics(request: Request, state: StateDep) -> Response:
                        "bound to loopback.", type_="permission_error",
                        code="metrics_token_required")
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or localhost; a wildcard or any other address is not."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def announce_metrics_access(settings: Settings) -> None:

@@ -73,6 +73,14 @@ async def test_bearer_failures_are_throttled_per_source(sqlite_url, tmp_path):
     assert probe.status_code == 200  # probes are never throttled
 
 
+async def test_loopback_sources_are_not_throttled(sqlite_url, tmp_path):
+    app = create_app(settings(sqlite_url, tmp_path, auth_failures_free=1))
+    async with in_process(app), client_at(app, "127.0.0.1") as local:
+        statuses = {(await local.get("/v1/models", headers=bearer("sk-sb-x-y"))).status_code
+                    for _ in range(4)}
+    assert statuses == {401}
+
+
 async def test_console_sign_in_failures_are_throttled(sqlite_url, tmp_path):
     await admin_key(sqlite_url, tmp_path)
     app = create_app(settings(sqlite_url, tmp_path, auth_failures_free=2))

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from gateway.routes.metrics import announce_metrics_access, is_loopback
+from gateway.addresses import is_loopback
+from gateway.routes.metrics import announce_metrics_access
 from gateway.settings import Settings
 from tests.gateway.support import bearer, gateway_client, settings
 
