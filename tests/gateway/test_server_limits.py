@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from gateway.app import create_app
-from gateway.server import uvicorn_config
+from gateway.server import serve, uvicorn_config
 from gateway.settings import Settings
 from tests.gateway.support import free_port, seed_tenant, settings
 
@@ -221,3 +221,24 @@ def test_serve_passes_the_limits_to_uvicorn(server, tmp_path):
     limits_ = config.http.limits  # type: ignore[union-attr]
     assert (limits_.max_header_bytes, limits_.header_read_timeout_s,
             limits_.max_connections) == (1234, 3, 9)
+
+
+def test_granian_gets_the_same_limits(monkeypatch):
+    granian_server = pytest.importorskip("granian.server")
+    seen = {}
+
+    class Recorder:
+        def __init__(self, target, **kwargs):
+            seen.update(kwargs, target=target)
+
+        def serve(self):
+            seen["served"] = True
+
+    monkeypatch.setattr(granian_server, "Server", Recorder)
+    cfg = Settings(server="granian", server_max_header_bytes=100_000,
+                   server_header_read_timeout_s=2.5, server_max_connections=40)
+    serve(None, cfg, host="127.0.0.1", port=1)
+    assert seen["target"] == "gateway.server:granian_app" and seen["factory"] and seen["served"]
+    http1 = seen["http1_settings"]
+    assert (http1.header_read_timeout, http1.max_buffer_size) == (2500, 100_000)
+    assert seen["backpressure"] == 40
