@@ -9,7 +9,8 @@ end. This subclass adds, per connection:
   request, the whole head (request line and headers) must arrive within the timeout, else
   the connection gets 408 and is closed;
 - a head size limit: a head larger than the limit gets 431 and the connection is closed; an
-  unfinished head is counted as it arrives, so at most one read past the limit is buffered;
+  unfinished head is counted as it arrives, so at most one read past the limit is buffered
+  (what httptools keeps of a header it has not finished parsing);
 - a connection cap: a connection past it gets 503 at once and is closed, before any of its
   bytes are read.
 """
@@ -40,16 +41,22 @@ class ConnectionLimits:
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    """Set `limits` on a subclass (`guarded_protocol`): uvicorn builds protocols itself."""
+    """Set `limits` on a subclass (`guarded_protocol`): uvicorn builds protocols itself.
+
+    Cheap on the hot path: a request costs a clock read and a few attribute writes. The head's
+    exact size is computed only when its reads add up to more than the limit, and the timer is
+    not re-armed per request: one pending timer per connection checks the current deadline
+    when it fires."""
 
     limits: ConnectionLimits
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline: float | None = None  # while a head is awaited or being read
         self._in_head = True  # waiting for, or reading, a request head
-        self._head_bytes = 0  # of the head being read, as parsed
-        self._raw_head_bytes = 0  # of the head being read, as received while it is unfinished
+        self._raw_head_bytes = 0  # earlier reads of the unfinished head
+        self._read_bytes = 0  # the read being parsed
         self._boundaries = 0  # heads and messages completed, to tell where a read ended
         self._refused = False
 
@@ -60,49 +67,44 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                            len(self.connections) - 1, self.limits.max_connections)
             self._refuse(503)
             return
-        self._arm_head_timer()
+        self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
             return
+        self._read_bytes = len(data)
         before = self._boundaries
         super().data_received(data)
         if self._refused or not self._in_head:
             return
         if self._boundaries == before:  # this whole read belongs to the unfinished head
             self._raw_head_bytes += len(data)
-        else:  # a message ended within it: count the new head from the next read on
+            if self._raw_head_bytes > self.limits.max_header_bytes:
+                self._refuse(431)
+        else:  # a message ended within it: count the next head from the next read on
             self._raw_head_bytes = 0
-        if self._raw_head_bytes > self.limits.max_header_bytes:
-            self._refuse(431)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_bytes = 0
-        if self._head_timer is None:
-            self._arm_head_timer()
-
-    def on_url(self, url: bytes) -> None:
-        super().on_url(url)
-        self._head_bytes += len(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        super().on_header(name, value)
-        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if self._head_deadline is None:  # the first head keeps the connection's deadline
+            self._await_head()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._boundaries += 1
-        self._disarm_head_timer()
-        if self._head_bytes > self.limits.max_header_bytes:
+        self._head_deadline = None
+        if (self._raw_head_bytes + self._read_bytes > self.limits.max_header_bytes
+                and self._head_size() > self.limits.max_header_bytes):
             self._refuse(431)
             return
-        self._head_bytes = self._raw_head_bytes = 0
+        self._raw_head_bytes = 0
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -112,33 +114,42 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._boundaries += 1
         self._in_head = True
-        self._head_bytes = self._raw_head_bytes = 0
+        self._raw_head_bytes = 0
         if not self._refused:
             super().on_message_complete()
 
-    def _arm_head_timer(self) -> None:
-        self._disarm_head_timer()
-        self._head_timer = self.loop.call_later(self.limits.header_read_timeout_s,
-                                                self._head_timed_out)
+    def _head_size(self) -> int:
+        """The parsed head: request line and header lines, as sent."""
+        return len(self.url) + 16 + sum(len(n) + len(v) + 4 for n, v in self.headers)
 
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _await_head(self) -> None:
+        timeout = self.limits.header_read_timeout_s
+        self._head_deadline = self.loop.time() + timeout
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(timeout, self._check_head)
 
-    def _head_timed_out(self) -> None:
+    def _check_head(self) -> None:
         self._head_timer = None
-        if self.transport.is_closing():
-            return
-        if self.cycle is not None and not self.cycle.response_complete:
-            self._arm_head_timer()  # a pipelined head waits for the answer before it; not cut
-            return
-        self._refuse(408)
+        if self.transport.is_closing() or self._head_deadline is None:
+            return  # no head awaited now; the next one arms the timer again
+        left = self._head_deadline - self.loop.time()
+        if left > 0:
+            self._head_timer = self.loop.call_later(left, self._check_head)
+        elif self.cycle is not None and not self.cycle.response_complete:
+            # a pipelined head waits for the answer before it: not cut, checked again later
+            self._head_deadline = self.loop.time() + self.limits.header_read_timeout_s
+            self._head_timer = self.loop.call_later(self.limits.header_read_timeout_s,
+                                                    self._check_head)
+        else:
+            self._refuse(408)
 
     def _refuse(self, status: int) -> None:
         """Answer `status` and close; nothing more is read or run on this connection."""
         self._refused = True
-        self._disarm_head_timer()
+        self._head_deadline = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
         if self.transport.is_closing():
             return
         reason = REFUSALS[status]

@@ -123,6 +123,22 @@ async def test_oversized_head_is_431_and_closed(sqlite_url, tmp_path):
             assert status_of(read_all(sock)) == 431
 
 
+async def test_a_small_head_sent_with_a_large_body_is_not_refused(sqlite_url, tmp_path):
+    body = b"x" * 60_000  # in the same reads as the head, far past the head limit
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\n"
+               b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+               % (len(body), body))
+    cfg = limits(sqlite_url, tmp_path, server_header_read_timeout_s=5)
+    with live(cfg) as port, connect(port) as sock:
+        sock.sendall(request + request)  # and again on the same connection, pipelined
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 2:
+            chunk = sock.recv(65536)
+            assert chunk, answers
+            answers += chunk
+    assert answers.count(b"HTTP/1.1 401 ") == 2  # both answered by the app, no 431
+
+
 async def test_unterminated_heads_do_not_grow_memory(sqlite_url, tmp_path):
     def rss() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
