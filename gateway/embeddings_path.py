@@ -78,7 +78,7 @@ async def serve_embeddings(request: Request) -> Response:
         return call
 
     with tracing.span("prepare"):
-        order, call = await first_that_fits(plan, prepare)
+        order, call = await first_that_fits(plan.order, prepare)
     request_id = f"emb-{uuid.uuid4().hex}"
     admission = admission_request(request_id=request_id, key=key, call=call,
                                   price=order[0].price)

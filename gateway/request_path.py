@@ -41,7 +41,7 @@ from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import Dispatches, annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import AllAttemptsFailed, Served, TooLong
-from gateway.routing.router import RoutePlan, plan_route
+from gateway.routing.router import plan_route
 from gateway.schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -85,8 +85,14 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         dispatches.prepared(call, deployment.name)
         return call
 
+    def estimate(deployment: Deployment) -> Call:
+        if deployment.tokenizes:
+            return deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
+                                       adapter=plan.adapter)
+        return prepare(deployment)
+
     with tracing.span("prepare"):
-        order, call = await first_that_fits(plan, prepare)
+        order, call = await first_that_fits(plan.order, estimate, threaded=False)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price)
@@ -99,6 +105,13 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
                            model=gw.metrics.model_label(order[0].config.model_name,
                                                         adapter=plan.adapter is not None))
         raise refusal(decision)
+    if order[0].tokenizes:  # admitted on an estimate: now the exact count, off the loop
+        try:
+            with tracing.span("prepare"):
+                order, call = await first_that_fits(order, prepare)
+        except BaseException:
+            _release(gw, admission)
+            raise
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
                     span=span, dispatches=dispatches)
@@ -175,18 +188,27 @@ def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
     return kinds
 
 
-async def first_that_fits(plan: RoutePlan, prepare: Callable[[Deployment], Call]
-                          ) -> tuple[list[Deployment], Call]:
+def _release(gw: GatewayState, admission: AdmissionRequest) -> None:
+    """Give back a reservation whose request never ran (its exact prompt was refused)."""
+    task = asyncio.get_running_loop().create_task(
+        gw.limiter.settle(admission, tokens=0, cost_micros=0))
+    gw.background.add(task)
+    task.add_done_callback(gw.background.discard)
+
+
+async def first_that_fits(order: list[Deployment], prepare: Callable[[Deployment], Call], *,
+                          threaded: bool = True) -> tuple[list[Deployment], Call]:
     """The plan from the first deployment whose context window holds the prompt, and its call.
 
     A prompt too long for one deployment moves on to the next with a larger window; when none
     holds it, the client gets the first deployment's 400."""
     too_long = TooLong()
-    for index, deployment in enumerate(plan.order):
+    for index, deployment in enumerate(order):
         if too_long.skips(deployment):
             continue
         try:
-            return plan.order[index:], await prepared(deployment, prepare)
+            call = await prepared(deployment, prepare) if threaded else prepare(deployment)
+            return order[index:], call
         except APIError as exc:
             too_long.refused(deployment, exc)
     assert too_long.first is not None

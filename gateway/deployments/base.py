@@ -136,6 +136,13 @@ class Deployment(ABC):
         """Engine name -> where each registered adapter lives ("device", "cpu", "disk")."""
         return {}
 
+    def estimate(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                 adapter: AdapterRef | None = None) -> Call:
+        """What admission reserves before any tokenizer runs (a request its limits refuse
+        costs no tokenizing). Where `prepare` is cheap this is `prepare`; a deployment that
+        tokenizes gives an estimate, and is prepared exactly once admitted."""
+        return self.prepare(request, chat=chat, tenant_id=tenant_id, adapter=adapter)
+
     @abstractmethod
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
@@ -151,6 +158,18 @@ class Deployment(ABC):
     @abstractmethod
     async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
         """SSE event bytes. Failures before the first event raise here, not in the iterator."""
+
+
+def rough_call(request: OpenAIRequest, *, chat: bool, window: int,
+               adapter: AdapterRef | None = None) -> Call:
+    """An estimate that refuses nothing: 4 characters a token plus per-message framing,
+    within the window, for admission only (the exact count comes later)."""
+    count = len(request.messages) if chat else 1  # type: ignore[union-attr]
+    prompt_tokens = min(request.prompt_chars() // 4 + 4 * count + 1, window - 1)
+    max_tokens = request.requested_max_tokens or (window - prompt_tokens)
+    return Call(request, chat, prompt_tokens=prompt_tokens,
+                max_output_tokens=min(max_tokens, window - prompt_tokens) * (request.n or 1),
+                adapter=adapter)
 
 
 def estimated_call(config: DeploymentConfig, request: OpenAIRequest, *, chat: bool,

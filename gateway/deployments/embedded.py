@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure
+from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure, rough_call
 from gateway.deployments.config import DeploymentConfig
 from gateway.errors import APIError, bad_request, unavailable
 from gateway.schemas.openai import OpenAIRequest
@@ -84,6 +84,12 @@ class EmbeddedDeployment(Deployment):
     @property
     def tokenizes(self) -> bool:
         return True
+
+    def estimate(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
+                 adapter: AdapterRef | None = None) -> Call:
+        self._refuse_impossible(request, chat=chat)
+        return rough_call(request, chat=chat, window=self.client.context_window,
+                          adapter=adapter)
 
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:

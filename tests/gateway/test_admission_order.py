@@ -15,7 +15,7 @@ from workers.client import EmbeddedClient
 
 @pytest.fixture
 async def world(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
-    tenant = await seed_tenant(sqlite_url, tmp_path, name="t")
+    tenant = await seed_tenant(sqlite_url, tmp_path, name="t", plan={"rpm": 2})
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
     cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
     seen: list[str] = []
@@ -61,3 +61,26 @@ async def test_tokenizing_runs_off_the_loop_while_others_are_answered(world):
     gate.set()
     done = await slow
     assert done.status_code == 200, done.text
+
+
+async def test_a_request_its_limits_refuse_is_never_tokenized(world):
+    client, seen, _ = world
+    for _ in range(2):
+        assert (await client.post("/v1/chat/completions", json=ask("hi"))).status_code == 200
+    assert len(seen) == 2
+    refused = await client.post("/v1/chat/completions", json=ask("hi " * 2000))
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert len(seen) == 2  # the refused one cost no tokenizing
+
+
+async def test_an_exact_refusal_after_admission_gives_the_reservation_back(world):
+    client, seen, _ = world
+    deployment = client._transport.app.state.gateway.deployments.route("tiny").deployments[0]
+    window = deployment.client.context_window
+    # Short enough for the cheap bound, too long once tokenized: refused after admission.
+    r = await client.post("/v1/chat/completions", json=ask("hello " * window))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert len(seen) == 1
+    ok = await client.post("/v1/chat/completions", json=ask("hi"))
+    assert ok.status_code == 200, ok.text  # the rpm=2 plan still had room for it
