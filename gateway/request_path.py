@@ -2,8 +2,10 @@
 
     authenticate key (cached, no DB) -> read and validate the body -> route: the name (a
     model, an alias, `auto`, or the caller's own LoRA adapter) to the deployments to try, in
-    policy order (cached, 404/403) -> prepare the call on the first whose context fits (exact
-    prompt tokens) -> reserve limits and budget atomically (429) -> response cache lookup
+    policy order (cached, 404/403; only deployments that serve every field, else 400) ->
+    estimate the call on the first whose context fits (no tokenizer runs) -> reserve limits
+    and budget atomically (429) -> prepare it exactly (the engine tokenizes, in a thread;
+    a refusal gives the reservation back) -> response cache lookup
     (exact, then semantic) -> dispatch with fallbacks until one deployment answers, streaming
     or not (a client that disconnects aborts upstream) -> settle the reservation to the real
     usage, meter it, and keep the answer in the cache.
