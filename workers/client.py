@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -250,17 +251,26 @@ class EmbeddedClient:
 
         if chat:
             return {"content": [
-                {"token": text(e.token_id), "logprob": e.logprob,
+                {"token": text(e.token_id), "logprob": finite(e.logprob),
                  "bytes": list(text(e.token_id).encode()),
-                 "top_logprobs": [{"token": text(t), "logprob": lp, "bytes": list(text(t).encode())}
-                                  for t, lp in e.top]}
+                 "top_logprobs": [{"token": text(t), "logprob": finite(lp),
+                                   "bytes": list(text(t).encode())} for t, lp in e.top]}
                 for e in entries
             ]}
         return {
             "tokens": [text(e.token_id) for e in entries],
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [{text(t): lp for t, lp in e.top} for e in entries],
+            "token_logprobs": [finite(e.logprob) for e in entries],
+            "top_logprobs": [{text(t): finite(lp) for t, lp in e.top} for e in entries],
         }
+
+
+FLOOR_LOGPROB = -9999.0  # what OpenAI reports for a token the model all but rules out
+
+
+def finite(logprob: float) -> float:
+    """A logprob JSON can carry: NaN and -inf (a masked or impossible token) would be
+    written as bare `NaN` / `-Infinity`, which is not JSON."""
+    return logprob if math.isfinite(logprob) else FLOOR_LOGPROB
 
 
 def _count(call: PreparedCall, out: RequestOutput) -> None:
