@@ -101,6 +101,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
     worker.add_argument("--max-num-seqs", type=int, default=128)
     worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    worker.add_argument("--long-prefill-token-threshold", type=int, default=256,
+                        help="prompt tokens one request may prefill per step while others "
+                             "wait (0: no cap)")
     worker.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=True)
     worker.add_argument("--max-loras", type=int, default=4)
     worker.add_argument("--max-lora-rank", type=int, default=16)
@@ -131,6 +134,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     engine = AsyncLLMEngine(
         args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
         linear_backend=args.linear_backend,
