@@ -101,7 +101,7 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
     worker.add_argument("--max-num-seqs", type=int, default=128)
     worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    worker.add_argument("--long-prefill-token-threshold", type=int, default=256,
+    worker.add_argument("--long-prefill-token-threshold", type=int, default=512,
                         help="prompt tokens one request may prefill per step while others "
                              "wait (0: no cap)")
     worker.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=True)

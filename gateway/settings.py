@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     embedded_kv_cache_memory: int | None = None
     embedded_max_num_seqs: int = 64
     # Prompt tokens one request may prefill per step while others wait (0: no cap).
-    embedded_long_prefill_token_threshold: int = 256
+    embedded_long_prefill_token_threshold: int = 512
     # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
     embedded_input_price_per_1m: Decimal = Decimal("0.05")
     embedded_output_price_per_1m: Decimal = Decimal("0.10")

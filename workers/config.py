@@ -19,7 +19,7 @@ class EngineArgs:
     max_num_batched_tokens: int = 1024
     # Prompt tokens one request may prefill per step while others wait (0: no cap); see
     # SchedulerConfig and docs/engine.md.
-    long_prefill_token_threshold: int = 256
+    long_prefill_token_threshold: int = 512
     max_model_len: int | None = None
     max_waiting: int = 4096
     enable_prefix_caching: bool = True
