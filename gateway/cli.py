@@ -101,6 +101,8 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
     worker.add_argument("--max-num-seqs", type=int, default=128)
     worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    worker.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"),
+                        default="hermes", help="how tool calls are read out of the model's text")
     worker.add_argument("--long-prefill-token-threshold", type=int, default=512,
                         help="prompt tokens one request may prefill per step while others "
                              "wait (0: no cap)")
@@ -145,6 +147,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         model_name=args.served_model_name, secret=settings.worker_secret,
         worker_id=args.worker_id or f"{args.host}:{args.port}", advertise_url=advertise,
         redis_url=args.register_redis, heartbeat_ttl_s=settings.worker_heartbeat_ttl_s,
+        tool_call_parser=args.tool_call_parser,
         tracer_provider=make_tracer_provider(
             service_name=_worker_service_name(settings), exporter=settings.otel_exporter,
             endpoint=settings.otel_endpoint, sample_ratio=settings.otel_sample_ratio),

@@ -220,6 +220,7 @@ def _configured(settings: Settings, engine: AsyncLLMEngine | None
             output_price_per_1m=settings.embedded_output_price_per_1m,
             capabilities=Capabilities(adapters=settings.embedded_enable_lora),
             shared_prefix_cache=settings.embedded_shared_prefix_cache,
+            tool_call_parser=settings.embedded_tool_call_parser,
         ))
     if settings.embedding_model != "none":
         configs.append(DeploymentConfig(

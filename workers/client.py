@@ -25,6 +25,7 @@ from workers.events import Delta
 from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
 from workers.tools.choice import ToolPlan, tool_plan
+from workers.tools.parsers import make_parser
 from workers.tools.processor import ChoiceProcessor, fold, sse_delta
 from workers.tools.render import render_chat
 
@@ -71,9 +72,12 @@ class PreparedCall:
 class EmbeddedClient:
     """Turns OpenAI bodies into engine requests and engine outputs into OpenAI responses."""
 
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, *,
+                 tool_call_parser: str = "hermes") -> None:
+        make_parser(tool_call_parser)  # an unknown name fails here, not on the first call
         self.engine = engine
         self.model_name = model_name
+        self.tool_call_parser = tool_call_parser
 
     @property
     def context_window(self) -> int:
@@ -172,7 +176,8 @@ class EmbeddedClient:
                     is_first = c.index not in sent
                     processor = processors.get(c.index)
                     if processor is None:
-                        processor = processors[c.index] = ChoiceProcessor(c.index, call.tools)
+                        processor = processors[c.index] = ChoiceProcessor(
+                            c.index, call.tools, self.tool_call_parser)
                     deltas = processor.feed(c.text[sent.get(c.index, 0):])
                     sent[c.index] = len(c.text)
                     finish_reason = None
@@ -230,7 +235,7 @@ class EmbeddedClient:
             choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
                                       "logprobs": logprobs}
             if call.chat:
-                processor = ChoiceProcessor(c.index, call.tools)
+                processor = ChoiceProcessor(c.index, call.tools, self.tool_call_parser)
                 message = fold(processor.feed(c.text))
                 last, choice["finish_reason"] = processor.finish(c.finish_reason)
                 choice["message"] = fold(last, into=message).as_openai()

@@ -70,6 +70,9 @@ class DeploymentConfig(BaseModel):
     # Prefix-cache KV is private to each tenant unless an admin shares it on purpose (say, a
     # deployment whose public system prompt every tenant sends).
     shared_prefix_cache: bool = False
+    # How our engine reads tool calls out of this model's text (embedded only; a remote
+    # worker has its own `--tool-call-parser`): hermes | llama3_json.
+    tool_call_parser: Literal["hermes", "llama3_json"] = "hermes"
     # A worker pool: every `switchboard worker` that registers in Redis serving this entry's
     # upstream model becomes a deployment named `<name>@<worker id>`, priced as this one.
     discover: bool = False

@@ -31,7 +31,8 @@ class EmbeddedDeployment(Deployment):
     def __init__(self, config: DeploymentConfig, engine: AsyncLLMEngine) -> None:
         super().__init__(config)
         self.engine = engine
-        self.client = EmbeddedClient(engine, config.model_name)
+        self.client = EmbeddedClient(engine, config.model_name,
+                                     tool_call_parser=config.tool_call_parser)
         self._adapters: dict[str, str] = {}  # engine name -> adapter id it was registered as
         self._adapter_locks: dict[str, asyncio.Lock] = {}
 

@@ -163,3 +163,14 @@ def _escape(text: str) -> str:
     for ch in text:
         out.append("\\n" if ch == "\n" else ("\\" + ch if ch in '\\.^$|?*+()[]{}' else ch))
     return "".join(out)
+
+
+async def test_a_model_can_use_the_llama3_json_parser(client):
+    client.tool_call_parser = "llama3_json"
+    text = '{"name": "now", "parameters": {"tz": "UTC"}}'
+    whole, chunks = await both(client, body(structured_outputs={"regex": _escape(text)}))
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "now", "arguments": '{"tz": "UTC"}'}
+    check_same(whole, chunks)

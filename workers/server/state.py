@@ -21,13 +21,15 @@ class WorkerOptions:
     redis_url: str | None = None  # register in Redis for gateway discovery
     heartbeat_ttl_s: float = 6.0
     tracer_provider: Any = None  # an opentelemetry TracerProvider, or None for no traces
+    tool_call_parser: str = "hermes"  # how tool calls are read out of this model's text
 
 
 class WorkerState:
     def __init__(self, engine: AsyncLLMEngine, options: WorkerOptions) -> None:
         self.engine = engine
         self.options = options
-        self.client = EmbeddedClient(engine, options.model_name)
+        self.client = EmbeddedClient(engine, options.model_name,
+                                     tool_call_parser=options.tool_call_parser)
         self.metrics = WorkerMetrics(self.engine_stats)
         self.ready = False  # the model is loaded and the step loop runs
         self.draining = False  # finish what runs, take nothing new

@@ -17,7 +17,6 @@ from typing import Any
 from workers.engine.sampling_params import InvalidRequestError
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-TOOL_PARSERS = ("hermes",)
 
 
 @dataclass(frozen=True)

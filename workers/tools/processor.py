@@ -14,7 +14,8 @@ from typing import Any
 
 from workers.events import Delta, TextDelta, ToolCallDelta
 from workers.tools.choice import ToolPlan
-from workers.tools.hermes import HermesParser, Parsed, ParsedCall, parse_call
+from workers.tools.hermes import Parsed, ParsedCall, parse_call
+from workers.tools.parsers import make_parser
 
 
 def call_id() -> str:
@@ -24,11 +25,11 @@ def call_id() -> str:
 class ChoiceProcessor:
     """Feeds one choice's new text; says what to send and how the choice finished."""
 
-    def __init__(self, index: int, plan: ToolPlan) -> None:
+    def __init__(self, index: int, plan: ToolPlan, parser: str = "hermes") -> None:
         self.index = index
         self.plan = plan
         self.calls = 0
-        self._hermes = HermesParser() if plan.mode == "auto" else None
+        self._parser = make_parser(parser) if plan.mode == "auto" else None
         self._held = ""  # required: the whole JSON array, parsed at the end
 
     def feed(self, text: str) -> list[Delta]:
@@ -45,8 +46,8 @@ class ChoiceProcessor:
         if mode == "required":
             self._held += text
             return []
-        assert self._hermes is not None
-        return self._emit(self._hermes.feed(text))
+        assert self._parser is not None
+        return self._emit(self._parser.feed(text))
 
     def finish(self, finish_reason: str | None) -> tuple[list[Delta], str | None]:
         """The last deltas, and the finish reason to report (`tool_calls` where calls were
@@ -55,8 +56,8 @@ class ChoiceProcessor:
         deltas: list[Delta] = []
         mode = self.plan.mode
         if mode == "auto":
-            assert self._hermes is not None
-            deltas = self._emit(self._hermes.finish())
+            assert self._parser is not None
+            deltas = self._emit(self._parser.finish())
         elif mode == "required":
             deltas = self._required()
         elif mode == "named" and self.calls == 0:
