@@ -12,6 +12,8 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
+from tenancy.db import create_private_sqlite_file
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
@@ -26,7 +28,11 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate the database at `url` up to `revision` (creating the schema on a fresh one)."""
+    """Migrate the database at `url` up to `revision` (creating the schema on a fresh one).
+
+    A new SQLite file is created owner-only first: alembic would create it 0644, and every
+    caller (`serve`, `migrate`, tests) goes through here."""
+    create_private_sqlite_file(url)
     command.upgrade(alembic_config(url), revision)
 
 

@@ -46,8 +46,7 @@ async def test_an_existing_database_keeps_its_mode(tmp_path: Path) -> None:
 
 def test_migrations_on_a_new_file_leave_it_0600(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'migrated.db'}"
-    create_private_sqlite_file(url)  # what `switchboard serve` does before migrating
-    upgrade(url)
+    upgrade(url)  # what `switchboard serve` and `switchboard migrate` both run
     assert mode(tmp_path / "migrated.db") == 0o600
     create_private_sqlite_file("postgresql+asyncpg://u@127.0.0.1/x")  # nothing to create
     create_private_sqlite_file("sqlite+aiosqlite:///:memory:")
