@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
 
-from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,22 +33,20 @@ from gateway.deployments.registry import DeploymentRegistry, Route
 from gateway.errors import APIError
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
-from gateway.observability.tracing import Dispatches, annotate, current_span
+from gateway.observability.tracing import annotate, current_span
 from gateway.request_path import (
-    Clock,
     asked_tier,
     first_that_fits,
     read_body,
     until_done_or_disconnect,
     validation_error,
 )
-from gateway.routing.fallback import AllAttemptsFailed, Served
+from gateway.routing.fallback import AllAttemptsFailed
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.router import plan_route
 from gateway.schemas.embeddings import EmbeddingRequest, check_inputs
+from gateway.settlement import Clock, Settlement
 from gateway.state import GatewayState
-from tenancy.context import KeyContext
-from tenancy.limits import AdmissionRequest
 
 
 async def serve_embeddings(request: Request) -> Response:
@@ -149,40 +146,12 @@ class EmbeddingRoutes:
 
 
 @dataclass
-class EmbeddingBill:
+class EmbeddingBill(Settlement):
     """An admitted embeddings request: settled and metered exactly once, however it ends.
 
     Input tokens only: the usage record has no completion tokens and is priced at the
     deployment's input price (with the plan's markup), like any other row of the ledger, so
     usage reports, exports and invoices show it beside completions."""
-
-    gw: GatewayState
-    key: KeyContext
-    deployment: Deployment
-    call: Call
-    admission: AdmissionRequest
-    request_id: str
-    clock: Clock
-    calls: list[Call] = field(default_factory=list)
-    release: Callable[[], None] = field(default=lambda: None, repr=False)
-    closed: bool = False
-    span: Span = field(default=INVALID_SPAN, repr=False)
-    dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
-
-    def attempt(self, call: Call) -> None:
-        """A deployment is being tried with `call` (usage is counted on the latest)."""
-        self.dispatches.started(call)
-        if call is not self.call:
-            self.calls.append(self.call)
-            self.call = call
-
-    def served(self, served: Served) -> None:
-        self.deployment = served.deployment
-        self.attempt(served.call)
-        self.release = served.release
-
-    def upstream_s(self) -> float:
-        return sum(c.upstream_s for c in (*self.calls, self.call))
 
     def close(self, status: str) -> None:
         if self.closed:

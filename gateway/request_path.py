@@ -24,11 +24,10 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -40,9 +39,9 @@ from gateway.deployments.base import Call, Deployment, prepared
 from gateway.errors import APIError, bad_request, too_large
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
-from gateway.observability.tracing import Dispatches, annotate, current_span
+from gateway.observability.tracing import annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
-from gateway.routing.fallback import AllAttemptsFailed, Served, TooLong
+from gateway.routing.fallback import AllAttemptsFailed, TooLong
 from gateway.routing.router import plan_route
 from gateway.schemas.openai import (
     ChatCompletionRequest,
@@ -50,9 +49,9 @@ from gateway.schemas.openai import (
     FieldError,
     OpenAIRequest,
 )
+from gateway.settlement import Clock, Settlement
 from gateway.sse import DONE, StreamAssembler, replay
 from gateway.state import GatewayState
-from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest
 
 T = TypeVar("T")
@@ -297,59 +296,13 @@ async def until_done_or_disconnect(work: Awaitable[T], receive: Receive) -> T | 
 
 
 @dataclass
-class Clock:
-    """When the request arrived, was dispatched and got its first byte (for usage records)."""
-
-    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
-    start: float = field(default_factory=time.perf_counter)
-    dispatch: float | None = None
-    first: float | None = None
-
-    def dispatched(self) -> None:
-        self.dispatch = time.perf_counter()
-
-    def first_byte(self) -> None:
-        self.first = time.perf_counter()
-
-    def ms(self, at: float | None) -> float | None:
-        return None if at is None else round((at - self.start) * 1000, 3)
-
-
-@dataclass
-class Ticket:
+class Ticket(Settlement):
     """An admitted request: settled and metered exactly once, however it ends.
 
     The usage record is written (to the meter's outbox) before the last byte of a successful
     answer leaves, so a response the client saw complete is never lost to a crash."""
 
-    gw: GatewayState
-    key: KeyContext
-    deployment: Deployment
-    call: Call
-    admission: AdmissionRequest
-    request_id: str
-    clock: Clock
-    calls: list[Call] = field(default_factory=list)
     cache_hit: str = "none"
-    release: Callable[[], None] = field(default=lambda: None, repr=False)
-    closed: bool = False
-    span: Span = field(default=INVALID_SPAN, repr=False)  # the request's
-    dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
-
-    def attempt(self, call: Call) -> None:
-        """A deployment is being tried with `call` (usage is counted on the latest)."""
-        self.dispatches.started(call)
-        if call is not self.call:
-            self.calls.append(self.call)
-            self.call = call
-
-    def served(self, served: Served) -> None:
-        self.deployment = served.deployment
-        self.attempt(served.call)
-        self.release = served.release
-
-    def upstream_s(self) -> float:
-        return sum(c.upstream_s for c in (*self.calls, self.call))
 
     def answer_from_cache(self, hit: Hit, response_id: str, headers: dict[str, str], *,
                           stream: bool) -> Response:

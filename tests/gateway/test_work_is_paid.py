@@ -15,8 +15,8 @@ from workers.async_engine import AsyncLLMEngine
 CHUNK = 32
 
 
-async def leave_after(app, key: str, body: dict, seconds: float) -> list[dict]:
-    """Call the ASGI app directly and disconnect `seconds` after sending the body."""
+async def leave_when(app, key: str, body: dict, ready) -> list[dict]:
+    """Call the ASGI app directly and disconnect once `ready()` says so."""
     sent: list[dict] = []
     delivered = False
 
@@ -26,7 +26,10 @@ async def leave_after(app, key: str, body: dict, seconds: float) -> list[dict]:
             delivered = True
             return {"type": "http.request", "body": json.dumps(body).encode(),
                     "more_body": False}
-        await asyncio.sleep(seconds)
+        for _ in range(3000):  # at most 30 s
+            if ready():
+                break
+            await asyncio.sleep(0.01)
         return {"type": "http.disconnect"}
 
     async def send(message: dict) -> None:
@@ -53,7 +56,12 @@ async def test_a_client_leaving_mid_prefill_pays_for_the_prompt_computed(sqlite_
     async with gateway_client(cfg, engine=engine) as client:
         app = client._transport.app
         gw = app.state.gateway
-        sent = await leave_after(app, tenant.key, body, seconds=0.3)
+        core = engine.engine
+
+        def prefilling() -> bool:  # two chunks of the prompt computed, none of the output
+            return any(s.num_computed_tokens >= 2 * CHUNK for s in list(core.scheduler.running))
+
+        sent = await leave_when(app, tenant.key, body, prefilling)
         await asyncio.gather(*gw.background)
         await gw.meter.flush()
     assert sent[0]["status"] == 499
