@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from tenancy.db import make_engine
 from tests.gateway.support import gateway_client, seed_tenant, settings
+from tests.workers.test_client_usage import slow_steps
 from workers.async_engine import AsyncLLMEngine
 
 CHUNK = 32
@@ -57,6 +58,7 @@ async def test_a_client_leaving_mid_prefill_pays_for_the_prompt_computed(sqlite_
         app = client._transport.app
         gw = app.state.gateway
         core = engine.engine
+        slow_steps(core)
 
         def prefilling() -> bool:  # two chunks of the prompt computed, none of the output
             return any(s.num_computed_tokens >= 2 * CHUNK for s in list(core.scheduler.running))

@@ -4,6 +4,7 @@ so the gateway bills it (issue: aborted 2,869-token prompts passed a TPM limit f
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -17,10 +18,23 @@ CHUNK = 32
 async def client(tiny_llama_path):
     core = LLMEngine.from_args(model=str(tiny_llama_path), kv_cache_memory=16 << 20,
                                max_num_batched_tokens=CHUNK)
+    slow_steps(core)
     engine = AsyncLLMEngine.from_engine(core)
     await engine.start()
     yield EmbeddedClient(engine, "tiny")
     await engine.shutdown()
+
+
+def slow_steps(core: LLMEngine, seconds: float = 0.01) -> None:
+    """A model this small steps in a millisecond or two on a fast CPU: slow each step so a
+    test can reliably act mid-prefill (this is about what is billed, not about speed)."""
+    execute = core.runner.execute
+
+    def slower(*args, **kwargs):
+        time.sleep(seconds)
+        return execute(*args, **kwargs)
+
+    core.runner.execute = slower
 
 
 def long_prompt() -> dict:
