@@ -28,6 +28,7 @@ from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import unavailable
 from gateway.schemas.openai import OpenAIRequest
+from gateway.sse import StreamAssembler
 from workers.engine.sampling_params import InvalidRequestError
 from workers.lora.manager import AdapterBusyError
 from workers.periodic import Periodic
@@ -211,8 +212,25 @@ class WorkerDeployment(HttpDeployment):
         return fields
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
+        """A worker shows progress only while streaming, so a whole answer is asked for as a
+        stream: the first event is its first byte (`Call.progress`: no routing deadline cuts
+        it after that), and the events fold into the one response. Logprobs, which the fold
+        does not carry, take the plain path."""
         await self._ensure_adapter(call)
-        return await super().complete(call, request_id=request_id)
+        if call.request.wants_logprobs:
+            return await super().complete(call, request_id=request_id)
+        events = await super().open_stream(call, request_id=request_id)
+        call.progress.set()  # the worker answers its headers after the first output
+        assembler = StreamAssembler(chat=call.chat)
+        async for event in events:
+            assembler.feed(event)
+        response = assembler.result()
+        if response is None:
+            raise UpstreamFailure(502, "the worker ended the answer early")
+        response["model"] = call.request.model
+        response["usage"] = call.usage.as_openai()
+        call.usage.finished = True
+        return json.dumps(response, separators=(",", ":")).encode()
 
     async def open_stream(self, call: Call, *, request_id: str):  # type: ignore[override]
         await self._ensure_adapter(call)

@@ -454,3 +454,46 @@ async def test_mutual_tls_between_gateway_and_worker(tmp_path, tiny_llama_path):
                     assert r.status_code in (502, 503), r.text
     finally:
         stop([Worker("tls", url, proc)])
+
+
+async def test_a_long_whole_answer_from_a_worker_is_not_cut_by_the_routing_deadline(
+        tmp_path, tiny_llama_path):
+    """A non-streamed request is asked of the worker as a stream: once it has its first
+    event the routing deadline no longer applies, so the answer is whole, not a 504, and the
+    worker's breaker never hears of it."""
+    worker = start_worker(tiny_llama_path, "tiny-long", "long", register=False)
+    routing = tmp_path / "routing.yaml"
+    routing.write_text(yaml.safe_dump({"deployments": [{
+        "name": "static", "model_name": "tiny", "provider": "worker",
+        "upstream_model": "tiny-long", "base_url": f"{worker.url}/v1",
+        "context_window": 1024}]}))
+    try:
+        async with migrated_database("sqlite", tmp_path) as db_url:
+            cfg = settings(db_url, tmp_path, deployments_file=routing, worker_secret=SECRET,
+                           route_budget_s=0.5, breaker_failure_threshold=1)
+            tenant = await seed_tenant(db_url, tmp_path, name="patient")
+            app = create_app(cfg)
+            async with in_process(app) as client:
+                started = time.monotonic()
+                r = await client.post("/v1/chat/completions", headers={
+                    **bearer(tenant.key), "x-switchboard-cache": "off"},
+                    json=chat_body(LONG, temperature=0))
+                elapsed = time.monotonic() - started
+                health = app.state.gateway.deployments.health("static")
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert elapsed > 0.5  # longer than the deadline that used to cut it
+                assert body["usage"]["completion_tokens"] == LONG
+                assert body["choices"][0]["finish_reason"] == "length"
+                assert body["choices"][0]["message"]["content"]
+                assert (health.failures, health.breaker.snapshot().state) == (0, "closed")
+                stream = await client.post("/v1/chat/completions", headers={
+                    **bearer(tenant.key), "x-switchboard-cache": "off"},
+                    json=chat_body(LONG, temperature=0, stream=True))
+                text = "".join(
+                    json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                    for line in stream.text.splitlines()
+                    if line.startswith("data: {") and json.loads(line[6:])["choices"])
+                assert text == body["choices"][0]["message"]["content"]  # greedy: the same
+    finally:
+        stop([worker])
