@@ -72,6 +72,7 @@ class SchedulerConfig:
     # The most prompt tokens one request may prefill in a step while another request is
     # waiting or running (0: no cap). A long prompt then advances in chunks of this size and
     # the others are served beside it instead of after it; alone, it takes the whole budget.
+    # While requests wait, running prefills together leave this much of the budget to them.
     long_prefill_token_threshold: int = 0
 
 
@@ -98,12 +99,19 @@ class Scheduler:
         out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
         self._finished_seq_ids = []
         budget = self.config.max_num_batched_tokens
+        # With the cap on and requests waiting, running prefills leave room for one capped
+        # chunk of admissions: several long prompts never take a whole step between them.
+        cap = self.config.long_prefill_token_threshold
+        prefill_room = budget - cap if cap and self.waiting else budget
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = self._capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget),
                                    others=len(self.running) > 1 or bool(self.waiting))
-            if num_new == 0:  # its next token has not been sampled yet
+            if num_new > 1:  # a prefill chunk: within what is left of the prefill room
+                num_new = min(num_new, max(prefill_room, 0))
+                prefill_room -= num_new
+            if num_new == 0:  # its next token has not been sampled yet, or no room left
                 i += 1
                 continue
             if not self._make_room(seq, num_new, out):

@@ -259,3 +259,18 @@ def test_decodes_are_never_affected_by_the_cap():
     sched.add(b)
     out = sched.schedule()
     assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [(a.seq_id, 1), (b.seq_id, 2)]
+
+
+def test_running_prefills_leave_room_for_a_waiting_request():
+    sched = capped_scheduler(budget=20, cap=8)
+    longs = [make_seq(40) for _ in range(3)]
+    for seq in longs:
+        sched.add(seq)
+    sched.schedule()  # admitted: 8 + 8, and the third gets the last 4
+    short = make_seq(3)
+    sched.add(short)
+    out = sched.schedule()
+    # room for prefills is 20 - 8 = 12: the first long takes 8, the second 4, the third none,
+    # and the short one is admitted in the same step
+    assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [
+        (longs[0].seq_id, 8), (longs[1].seq_id, 4), (short.seq_id, 3)]
