@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from gateway.deployments.base import Call
 from gateway.deployments.config import Price
 from gateway.errors import APIError, unavailable
+from gateway.observability.tracing import annotate
 from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest, Budget, Decision, Limits
+
+if TYPE_CHECKING:
+    from gateway.state import GatewayState
 
 
 def admission_request(
@@ -86,3 +91,17 @@ def _duration(seconds: float | None) -> str:
         return f"{seconds:.3g}s"
     minutes, rest = divmod(int(seconds), 60)
     return f"{minutes}m{rest}s"
+
+
+async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContext,
+                model: str, adapter: bool) -> Decision:
+    """Reserve, in the request's `limits` span; a refusal is counted and raised (429/503)."""
+    with gw.tracing.span("limits") as limits:
+        decision = await gw.limiter.admit(admission)
+        annotate(limits, {"switchboard.admitted": decision.admitted,
+                          "switchboard.refused_by": decision.reason})
+    if not decision.admitted:
+        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
+                           model=gw.metrics.model_label(model, adapter=adapter))
+        raise refusal(decision)
+    return decision

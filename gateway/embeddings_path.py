@@ -13,10 +13,8 @@ The reservation is settled exactly once per admitted request, whatever happens a
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
@@ -26,11 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from billing.pricing import charge
-from gateway.admission import admission_request, ratelimit_headers, refusal
+from gateway.admission import admission_request, admit, ratelimit_headers
 from gateway.deployments.base import Call, Deployment
 from gateway.deployments.embedding import EmbeddingDeployment, not_an_embedding_model
 from gateway.deployments.registry import DeploymentRegistry, Route
-from gateway.errors import APIError
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import annotate, current_span
@@ -79,15 +76,8 @@ async def serve_embeddings(request: Request) -> Response:
     request_id = f"emb-{uuid.uuid4().hex}"
     admission = admission_request(request_id=request_id, key=key, call=call,
                                   price=order[0].price)
-    with tracing.span("limits") as limits:
-        decision = await gw.limiter.admit(admission)
-        annotate(limits, {"switchboard.admitted": decision.admitted,
-                          "switchboard.refused_by": decision.reason})
-    if not decision.admitted:
-        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
-                           model=gw.metrics.model_label(order[0].config.model_name,
-                                                        adapter=False))
-        raise refusal(decision)
+    decision = await admit(gw, admission, key=key, model=order[0].config.model_name,
+                           adapter=False)
     headers = ratelimit_headers(decision)
     bill = EmbeddingBill(gw, key, order[0], call, admission, scope_state["request_id"], clock,
                          span=span, dispatches=dispatches)
@@ -111,11 +101,7 @@ async def serve_embeddings(request: Request) -> Response:
         return Response(served.result, media_type="application/json", headers=headers)
     except AllAttemptsFailed as exc:
         bill.close("error")
-        failure = exc.last
-        extra = {"retry-after": failure.retry_after} if failure.retry_after else {}
-        raise APIError(failure.status, failure.message, type_="server_error", code=failure.code,
-                       headers={**headers, **extra,
-                                "x-switchboard-attempts": str(exc.attempts)}) from None
+        raise exc.as_error(headers) from None
     except BaseException:
         bill.close("error")
         raise
@@ -191,10 +177,6 @@ class EmbeddingBill(Settlement):
              prompt_tokens=tokens, completion_tokens=0, cached_tokens=0,
              cost_micros=cost.total_micros)
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
-        self._background(self.gw.limiter.settle(self.admission, tokens=tokens,
+        self.gw.spawn(self.gw.limiter.settle(self.admission, tokens=tokens,
                                                 cost_micros=cost.total_micros))
 
-    def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
-        self.gw.background.add(task)
-        task.add_done_callback(self.gw.background.discard)

@@ -34,7 +34,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive
 
 from billing.pricing import charge
-from gateway.admission import admission_request, ratelimit_headers, refusal
+from gateway.admission import admission_request, admit, ratelimit_headers
 from gateway.deployments.base import Call, Deployment, prepared
 from gateway.errors import APIError, bad_request, too_large
 from gateway.observability import tracing as attr
@@ -52,7 +52,6 @@ from gateway.schemas.openai import (
 from gateway.settlement import Clock, Settlement
 from gateway.sse import DONE, StreamAssembler, replay
 from gateway.state import GatewayState
-from tenancy.limits import AdmissionRequest
 
 T = TypeVar("T")
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
@@ -97,21 +96,15 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price)
-    with tracing.span("limits") as limits:
-        decision = await gw.limiter.admit(admission)
-        annotate(limits, {"switchboard.admitted": decision.admitted,
-                          "switchboard.refused_by": decision.reason})
-    if not decision.admitted:
-        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
-                           model=gw.metrics.model_label(order[0].config.model_name,
-                                                        adapter=plan.adapter is not None))
-        raise refusal(decision)
+    decision = await admit(gw, admission, key=key, model=order[0].config.model_name,
+                           adapter=plan.adapter is not None)
     if order[0].tokenizes:  # admitted on an estimate: now the exact count, off the loop
         try:
             with tracing.span("prepare"):
                 order, call = await first_that_fits(order, prepare)
         except BaseException:
-            _release(gw, admission)
+            # never ran: give the reservation back
+            gw.spawn(gw.limiter.settle(admission, tokens=0, cost_micros=0))
             raise
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
@@ -153,11 +146,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         return Response(served.result, media_type="application/json", headers=headers)
     except AllAttemptsFailed as exc:
         ticket.close("error")
-        failure = exc.last
-        extra = {"retry-after": failure.retry_after} if failure.retry_after else {}
-        raise APIError(failure.status, failure.message, type_="server_error", code=failure.code,
-                       headers={**headers, **extra,
-                                "x-switchboard-attempts": str(exc.attempts)}) from None
+        raise exc.as_error(headers) from None
     except BaseException:
         ticket.close("error")
         raise
@@ -187,14 +176,6 @@ def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
             hit is None and use.scope is not None and use.text is not None):
         kinds.append("semantic")
     return kinds
-
-
-def _release(gw: GatewayState, admission: AdmissionRequest) -> None:
-    """Give back a reservation whose request never ran (its exact prompt was refused)."""
-    task = asyncio.get_running_loop().create_task(
-        gw.limiter.settle(admission, tokens=0, cost_micros=0))
-    gw.background.add(task)
-    task.add_done_callback(gw.background.discard)
 
 
 async def first_that_fits(order: list[Deployment], prepare: Callable[[Deployment], Call], *,
@@ -383,7 +364,7 @@ class Ticket(Settlement):
         response["usage"] = {"prompt_tokens": usage.prompt_tokens,
                              "completion_tokens": usage.completion_tokens,
                              "total_tokens": usage.prompt_tokens + usage.completion_tokens}
-        self._background(self.gw.cache.store(use, response))
+        self.gw.spawn(self.gw.cache.store(use, response))
 
     def close(self, status: str) -> None:
         if self.closed:
@@ -433,7 +414,7 @@ class Ticket(Settlement):
         self._report(status, prompt_tokens=billed_prompt, cached_tokens=cached,
                      cost_micros=cost.total_micros)
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.
-        self._background(self.gw.limiter.settle(
+        self.gw.spawn(self.gw.limiter.settle(
             self.admission, tokens=billed_prompt + usage.completion_tokens,
             cost_micros=cost.total_micros))
 
@@ -453,10 +434,6 @@ class Ticket(Settlement):
              completion_tokens=completion_tokens, cached_tokens=cached_tokens,
              cost_micros=cost_micros, ttft_ms=self.clock.ms(self.clock.first))
 
-    def _background(self, work: Awaitable[None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
-        self.gw.background.add(task)
-        task.add_done_callback(self.gw.background.discard)
 
 
 async def _close_quietly(chunks: AsyncIterator[bytes]) -> None:

@@ -6,10 +6,11 @@ import asyncio
 import hashlib
 import logging
 import ssl
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -69,6 +70,13 @@ class GatewayState:
     tracing: Tracing = field(default_factory=Tracing.off)  # docs/observability.md
     discovery: WorkerDiscovery | None = None  # workers that register in Redis
     worker_tls: ssl.SSLContext | None = None  # mutual TLS to workers, when configured
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on its own, kept until done (shutdown awaits what is left), so a
+        request that is cancelled still settles and stores what it must."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
 
     async def start_deployment(self, config: DeploymentConfig) -> Deployment:
         """Build, start and price a deployment found at runtime (a discovered worker)."""

@@ -62,9 +62,9 @@ class Call:
     native: Any = None  # the deployment's own prepared form
     adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
-    # Set by a deployment that can see its upstream working (the engine's first output): from
-    # then on the request is making progress and no routing deadline may cut it.
-    progress: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    # Called by a deployment that can see its upstream working (the engine's first output):
+    # from then on the request is making progress, and the router lifts its deadline.
+    on_progress: Callable[[], None] = field(default=lambda: None, repr=False)
 
     def take_usage(self, usage: Any) -> None:
         """Adopt an upstream's OpenAI `usage` object (ignored when it is not one)."""
@@ -160,12 +160,17 @@ class Deployment(ABC):
         """SSE event bytes. Failures before the first event raise here, not in the iterator."""
 
 
+def estimated_prompt_tokens(request: OpenAIRequest, *, chat: bool) -> int:
+    """Without the tokenizer: 4 characters a token, plus per-message framing."""
+    count = len(request.messages) if chat else 1  # type: ignore[union-attr]
+    return request.prompt_chars() // 4 + 4 * count + 1
+
+
 def rough_call(request: OpenAIRequest, *, chat: bool, window: int,
                adapter: AdapterRef | None = None) -> Call:
     """An estimate that refuses nothing: 4 characters a token plus per-message framing,
     within the window, for admission only (the exact count comes later)."""
-    count = len(request.messages) if chat else 1  # type: ignore[union-attr]
-    prompt_tokens = min(request.prompt_chars() // 4 + 4 * count + 1, window - 1)
+    prompt_tokens = min(estimated_prompt_tokens(request, chat=chat), window - 1)
     max_tokens = request.requested_max_tokens or (window - prompt_tokens)
     return Call(request, chat, prompt_tokens=prompt_tokens,
                 max_output_tokens=min(max_tokens, window - prompt_tokens) * (request.n or 1),
@@ -178,8 +183,7 @@ def estimated_call(config: DeploymentConfig, request: OpenAIRequest, *, chat: bo
     prompt (4 characters a token, plus per-message framing) checked against the window."""
     if adapter is not None:  # routing never sends adapters here; refuse rather than drop
         raise model_not_found(request.model)
-    count = len(request.messages) if chat else 1  # type: ignore[union-attr]
-    prompt_tokens = request.prompt_chars() // 4 + 4 * count + 1
+    prompt_tokens = estimated_prompt_tokens(request, chat=chat)
     window = config.context_window
     if prompt_tokens >= window:
         raise bad_request(

@@ -125,7 +125,7 @@ class EmbeddedDeployment(Deployment):
         try:
             await self._ensure_adapter(call)
             response = await self.client.complete(native, request_id=request_id,
-                                                  on_first_output=call.progress.set)
+                                                  on_first_output=call.on_progress)
         except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
             raise _api_error(exc, call) from None
         finally:

@@ -213,14 +213,14 @@ class WorkerDeployment(HttpDeployment):
 
     async def complete(self, call: Call, *, request_id: str) -> bytes:
         """A worker shows progress only while streaming, so a whole answer is asked for as a
-        stream: the first event is its first byte (`Call.progress`: no routing deadline cuts
+        stream: the first event is its first byte (`Call.on_progress`: no routing deadline cuts
         it after that), and the events fold into the one response. Logprobs, which the fold
         does not carry, take the plain path."""
         await self._ensure_adapter(call)
         if call.request.wants_logprobs:
             return await super().complete(call, request_id=request_id)
         events = await super().open_stream(call, request_id=request_id)
-        call.progress.set()  # the worker answers its headers after the first output
+        call.on_progress()  # the worker answers its headers after the first output
         assembler = StreamAssembler(chat=call.chat)
         async for event in events:
             assembler.feed(event)

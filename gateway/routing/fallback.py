@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
 from gateway.deployments.registry import DeploymentRegistry
@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from gateway.observability.metrics import GatewayMetrics
 
 CONTEXT_CODE = "context_length_exceeded"
-T = TypeVar("T")
 
 
 @dataclass
@@ -44,6 +43,14 @@ class AllAttemptsFailed(Exception):
         super().__init__(last.message)
         self.last = last
         self.attempts = attempts
+
+    def as_error(self, headers: dict[str, str]) -> APIError:
+        """The client's error: the last failure's status and words, with `headers`."""
+        failure = self.last
+        extra = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        return APIError(failure.status, failure.message, type_="server_error",
+                        code=failure.code, headers={**headers, **extra,
+                                                    "x-switchboard-attempts": str(self.attempts)})
 
 
 @dataclass
@@ -82,8 +89,12 @@ class Fallbacks:
             health.in_flight += 1
             started = time.monotonic()
             try:
-                result = await _within(deadline - started, call.progress, _attempt(
-                    deployment, call, stream=stream, request_id=tag))
+                # The budget covers the search up to the first byte: a stream's first event,
+                # or a deployment's sign that it is generating (`Call.on_progress` lifts the
+                # deadline). A request making progress is never cut by it.
+                async with asyncio.timeout(max(0.001, deadline - started)) as window:
+                    call.on_progress = lambda window=window: window.reschedule(None)
+                    result = await _attempt(deployment, call, stream=stream, request_id=tag)
             except UpstreamFailure as exc:
                 health.in_flight -= 1
                 health.failed()
@@ -138,30 +149,6 @@ class TooLong:
             raise exc
         self.first = self.first or exc
         self.window = max(self.window, deployment.config.context_window)
-
-
-async def _within(budget_s: float, progress: asyncio.Event, work: Awaitable[T]) -> T:
-    """`work`, cut (TimeoutError) if it shows no progress within the routing budget.
-
-    The budget bounds the search for a deployment, up to the first byte: a stream's first
-    event, or for a non-streamed call the deployment's sign that it is generating
-    (`Call.progress`). A request making progress is never cut by it; what bounds it then is
-    `max_tokens`, the plan's limits and the deployment's own timeout."""
-    task = asyncio.ensure_future(work)
-    waiter = asyncio.ensure_future(progress.wait())
-    try:
-        done, _ = await asyncio.wait({task, waiter}, timeout=max(0.001, budget_s),
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if not done:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            raise TimeoutError
-        return await task
-    finally:
-        waiter.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _attempt(deployment: Deployment, call: Call, *, stream: bool, request_id: str

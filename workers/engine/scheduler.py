@@ -106,7 +106,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = self._capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget),
+            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget),
                                    others=len(self.running) > 1 or bool(self.waiting))
             if num_new > 1:  # a prefill chunk: within what is left of the prefill room
                 num_new = min(num_new, max(prefill_room, 0))
@@ -138,7 +138,7 @@ class Scheduler:
                 cached = self.block_manager.match_prefix(seq)
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = cached
-            num_new = self._capped(seq, min(seq.num_tokens - seq.num_computed_tokens, budget),
+            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget),
                                    others=bool(self.running) or len(self.waiting) > 1)
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
@@ -153,7 +153,7 @@ class Scheduler:
             self.waiting.push(seq)
         return out
 
-    def _capped(self, seq: Sequence, num_new: int, *, others: bool) -> int:
+    def _capped(self, num_new: int, *, others: bool) -> int:
         """A prompt chunk cut to `long_prefill_token_threshold` when others want the step."""
         cap = self.config.long_prefill_token_threshold
         return min(num_new, cap) if cap > 0 and others else num_new
