@@ -16,6 +16,7 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 import yaml
+from aiohttp import web
 from fastapi import FastAPI
 
 from bench.mock_upstream import MockServerThread
@@ -260,3 +261,21 @@ def mock_servers(*names: str) -> Iterator[dict[str, MockServerThread]]:
     finally:
         for server in servers.values():
             server.stop()
+
+
+@asynccontextmanager
+async def loopback_upstream(handler: Any, paths: tuple[str, ...] = (
+        "/v1/chat/completions", "/v1/completions")) -> AsyncIterator[str]:
+    """An aiohttp upstream in the test's own loop answering POSTs to `paths` with `handler`;
+    yields its OpenAI base URL."""
+    app = web.Application()
+    for path in paths:
+        app.router.add_post(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        await runner.cleanup()

@@ -37,6 +37,7 @@ from tests.gateway.support import (
     bearer,
     free_port,
     in_process,
+    loopback_upstream,
     ok,
     seed_tenant,
     settings,
@@ -114,16 +115,8 @@ class Scripted:
 @pytest.fixture
 async def scripted() -> AsyncIterator[Scripted]:
     s = Scripted()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", s.handle)
-    app.router.add_post("/v1/completions", s.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    s.base_url = f"http://127.0.0.1:{port}/v1"
-    yield s
-    await runner.cleanup()
+    async with loopback_upstream(s.handle) as s.base_url:
+        yield s
 
 
 def deployment(base_url: str | None, **overrides: Any) -> LiteLLMDeployment:

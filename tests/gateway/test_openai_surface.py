@@ -24,8 +24,8 @@ from aiohttp import web
 
 from gateway.app import create_app
 from tests.gateway.support import (
-    free_port,
     in_process,
+    loopback_upstream,
     seed_tenant,
     settings,
     write_deployments,
@@ -116,15 +116,8 @@ class Recorder:
 @pytest.fixture
 async def recorder() -> AsyncIterator[Recorder]:
     rec = Recorder()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", rec.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    rec.base_url = f"http://127.0.0.1:{port}/v1"
-    yield rec
-    await runner.cleanup()
+    async with loopback_upstream(rec.handle) as rec.base_url:
+        yield rec
 
 
 def upstreams(base_url: str) -> list[dict[str, Any]]:

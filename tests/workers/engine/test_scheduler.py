@@ -5,10 +5,12 @@ from workers.engine.sequence import SequenceStatus
 
 
 def make_scheduler(
-    num_blocks: int = 64, block_size: int = 4, budget: int = 32, max_seqs: int = 8
+    num_blocks: int = 64, block_size: int = 4, budget: int = 32, max_seqs: int = 8,
+    cap: int = 0,
 ) -> Scheduler:
     return Scheduler(
-        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget),
+        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=budget,
+                        long_prefill_token_threshold=cap),
         BlockManager(num_blocks, block_size),
     )
 
@@ -209,9 +211,7 @@ def test_pinned_adapters_count_against_the_cap():
 
 
 def capped_scheduler(budget: int = 32, cap: int = 8) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=budget,
-                                     long_prefill_token_threshold=cap),
-                     BlockManager(64, 4))
+    return make_scheduler(budget=budget, cap=cap)
 
 
 def test_a_long_prompt_alone_takes_the_whole_budget():

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from tests.workers.tools.helpers import run_parser
 from workers.tools.hermes import HermesParser, ParsedCall
 
 TEXT = ('Let me check.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
@@ -16,14 +17,7 @@ CALLS = [ParsedCall("get_weather", json.dumps({"city": "Paris"})),
 
 
 def run(pieces):
-    parser = HermesParser()
-    content, calls = "", []
-    for piece in pieces:
-        out = parser.feed(piece)
-        content += out.content
-        calls += out.calls or []
-    out = parser.finish()
-    return content + out.content, calls + (out.calls or [])
+    return run_parser(HermesParser(), pieces)
 
 
 def test_whole_text():

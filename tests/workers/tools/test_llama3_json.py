@@ -6,20 +6,14 @@ import json
 
 import pytest
 
+from tests.workers.tools.helpers import run_parser
 from workers.tools.hermes import ParsedCall
 from workers.tools.llama3_json import Llama3JsonParser
 from workers.tools.parsers import make_parser
 
 
 def run(pieces):
-    parser = Llama3JsonParser()
-    content, calls = "", []
-    for piece in pieces:
-        out = parser.feed(piece)
-        content += out.content
-        calls += out.calls or []
-    out = parser.finish()
-    return content + out.content, calls + (out.calls or [])
+    return run_parser(Llama3JsonParser(), pieces)
 
 
 def test_one_and_several_calls_however_split():
