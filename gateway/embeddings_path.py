@@ -34,7 +34,6 @@ from gateway.observability.tracing import annotate, current_span
 from gateway.request_path import (
     asked_tier,
     first_that_fits,
-    read_body,
     until_done_or_disconnect,
     validation_error,
 )
@@ -54,7 +53,7 @@ async def serve_embeddings(request: Request) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
-    body = parse_body(await read_body(request, gw.settings.max_body_bytes))
+    body = parse_body(await request.body())  # within max_body_bytes (the middleware)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
     with tracing.span("route"):
         plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),

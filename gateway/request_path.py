@@ -36,7 +36,7 @@ from starlette.types import Receive
 from billing.pricing import charge
 from gateway.admission import admission_request, admit, ratelimit_headers
 from gateway.deployments.base import Call, Deployment, prepared
-from gateway.errors import APIError, bad_request, too_large
+from gateway.errors import APIError, bad_request
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import annotate, current_span
@@ -67,7 +67,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
-    raw = await read_body(request, gw.settings.max_body_bytes)
+    raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
     body = parse_body(raw, chat=chat)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
                     attr.STREAM: bool(body.stream)})
@@ -206,18 +206,6 @@ def asked_tier(request: Request) -> str | None:
         raise bad_request(f"Invalid {TIER_HEADER} header.", param=TIER_HEADER,
                           code="invalid_value")
     return tier
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refusing chunked bodies that grow past the limit."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def parse_body(raw: bytes, *, chat: bool) -> OpenAIRequest:
