@@ -43,7 +43,14 @@ class Refusal:
 
 
 def features(request: OpenAIRequest) -> dict[str, str]:
-    """Capability name -> the field that needs it, for the optional features in use."""
+    """Capability name -> the field that needs it, for the optional features in use (worked
+    out once per request, however many deployments are weighed)."""
+    if request._features is None:
+        request._features = _features(request)
+    return request._features
+
+
+def _features(request: OpenAIRequest) -> dict[str, str]:
     used: dict[str, str] = {}
     if request.wants_logprobs:
         used["logprobs"] = "logprobs"

@@ -40,11 +40,6 @@ class Ranked:
     refusal: tuple[str, Refusal] | None = None  # the first deployment left out for a field
 
 
-def capable(deployment: Deployment, needs: Needs) -> bool:
-    return refusal_of(deployment, needs) is None and (
-        needs.adapter is None or deployment.serves_adapters)
-
-
 def refusal_of(deployment: Deployment, needs: Needs) -> Refusal | None:
     """The field of the request this deployment cannot serve, if any."""
     if needs.logprobs and not deployment.config.capabilities.logprobs:
@@ -63,9 +58,9 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
     first_refusal: tuple[str, Refusal] | None = None
     for d in deployments:
         h = health(d.name)
-        if not capable(d, needs):
+        refused = refusal_of(d, needs)
+        if refused is not None or (needs.adapter is not None and not d.serves_adapters):
             incapable += 1
-            refused = refusal_of(d, needs)
             if refused is not None and first_refusal is None:
                 first_refusal = (d.name, refused)
         elif not d.accepting:

@@ -262,6 +262,7 @@ class _Sampling(BaseModel):
     guided_grammar: str | None = None
     structured_outputs: StructuredOutputs | None = None
     _dumped: dict[str, Any] | None = PrivateAttr(default=None)
+    _features: dict[str, str] | None = PrivateAttr(default=None)  # gateway.features, once
 
     @model_validator(mode="after")
     def _check_logit_bias(self) -> _Sampling:
