@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import cast
@@ -26,7 +27,11 @@ from starlette.responses import Response
 from billing.pricing import charge
 from gateway.admission import admission_request, admit, ratelimit_headers
 from gateway.deployments.base import Call, Deployment
-from gateway.deployments.embedding import EmbeddingDeployment, not_an_embedding_model
+from gateway.deployments.embedding import (
+    EmbeddingDeployment,
+    not_an_embedding_model,
+    wrong_endpoint,
+)
 from gateway.deployments.registry import DeploymentRegistry, Route
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
@@ -83,7 +88,7 @@ async def serve_embeddings(request: Request) -> Response:
     try:
         clock.dispatched()
         work = gw.fallbacks.serve(order, call, stream=False, request_id=request_id,
-                                  prepare=prepare, on_call=bill.attempt)
+                                  prepare=prepare, on_call=bill.attempt, run=_embed)
         try:
             served = await until_done_or_disconnect(work, request.receive)
         finally:
@@ -179,3 +184,10 @@ class EmbeddingBill(Settlement):
         self.gw.spawn(self.gw.limiter.settle(self.admission, tokens=tokens,
                                                 cost_micros=cost.total_micros))
 
+
+async def _embed(deployment: Deployment, call: Call, *, stream: bool, request_id: str,
+                 answering: Callable[[], None]) -> bytes:
+    """One attempt at the embeddings body (the fallbacks' `run`)."""
+    if not isinstance(deployment, EmbeddingDeployment):
+        raise wrong_endpoint(call.request.model)
+    return await deployment.embed(call, request_id=request_id)

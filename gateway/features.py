@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.deployments.config import Capabilities, DeploymentConfig
-from gateway.schemas.openai import (
+from workers.protocol.requests import (
     AudioPart,
     ChatCompletionRequest,
     FilePart,

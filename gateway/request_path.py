@@ -43,15 +43,16 @@ from gateway.observability.tracing import annotate, current_span
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import AllAttemptsFailed, TooLong
 from gateway.routing.router import plan_route
-from gateway.schemas.openai import (
+from gateway.settlement import Clock, Settlement
+from gateway.state import GatewayState
+from workers.protocol.events import Event, Failed, aclose
+from workers.protocol.render import DONE, Fold, StreamRenderer, events_of_response, replay
+from workers.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     FieldError,
     OpenAIRequest,
 )
-from gateway.settlement import Clock, Settlement
-from gateway.sse import DONE, StreamAssembler, replay
-from gateway.state import GatewayState
 
 T = TypeVar("T")
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
@@ -133,17 +134,17 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         clock.first_byte()
         headers["x-switchboard-deployment"] = served.deployment.name
         headers["x-switchboard-attempts"] = str(served.attempts)
-        if body.stream:
-            assert not isinstance(served.result, bytes)
-            return StreamingResponse(ticket.relay(served.result, use),
-                                     media_type="text/event-stream",
-                                     headers={**SSE_HEADERS, **headers})
-        assert isinstance(served.result, bytes)
-        ticket.close("ok")
-        ticket.keep(use, served.result)
-        if gw.settings.log_prompts:
-            _log_completion(served.result)
-        return Response(served.result, media_type="application/json", headers=headers)
+        if isinstance(served.result, Fold):
+            response = served.result.response()
+            ticket.close("ok")
+            ticket.keep(use, response)
+            if gw.settings.log_prompts:
+                _log_completion(response)
+            return Response(json.dumps(response, separators=(",", ":")).encode(),
+                            media_type="application/json", headers=headers)
+        return StreamingResponse(ticket.relay(served.result, use),
+                                 media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers})
     except AllAttemptsFailed as exc:
         ticket.close("error")
         raise exc.as_error(headers) from None
@@ -157,14 +158,10 @@ def _prompt_of(body: OpenAIRequest) -> Any:
     return body.model_dump(mode="json", include={"messages", "prompt"})
 
 
-def _log_completion(raw: bytes | dict[str, Any]) -> None:
+def _log_completion(response: dict[str, Any]) -> None:
     """The answer's text, for `log_prompts` only."""
-    try:
-        response = json.loads(raw) if isinstance(raw, bytes) else raw
-        choices = [c.get("message", {}).get("content") if "message" in c else c.get("text")
-                   for c in response.get("choices") or []]
-    except (ValueError, AttributeError):
-        return
+    choices = [c.get("message", {}).get("content") if "message" in c else c.get("text")
+               for c in response.get("choices") or []]
     prompt_log.info("completion", extra={"completion": choices})
 
 
@@ -290,7 +287,8 @@ class Ticket(Settlement):
         if hit.similarity is not None:
             headers["x-cache-similarity"] = f"{hit.similarity:.4f}"
         if stream:
-            events = replay(body, chat=isinstance(request, ChatCompletionRequest),
+            chat = isinstance(request, ChatCompletionRequest)
+            events = replay(events_of_response(body, chat=chat), chat=chat,
                             include_usage=request.include_usage)
             return StreamingResponse(self._replay(events), media_type="text/event-stream",
                                      headers={**SSE_HEADERS, **headers})
@@ -307,45 +305,45 @@ class Ticket(Settlement):
         finally:
             self.close("aborted")
 
-    async def relay(self, chunks: AsyncIterator[bytes], use: CacheUse | None
+    async def relay(self, events: AsyncIterator[Event], use: CacheUse | None
                     ) -> AsyncIterator[bytes]:
+        """The answer's events as SSE. The usage is recorded before the last byte goes out;
+        leaving early (the client is gone) closes `events`, which aborts the upstream."""
         status = "aborted"
-        store = use is not None and use.store
+        request = self.call.request
+        chat = isinstance(request, ChatCompletionRequest)
+        renderer = StreamRenderer(chat=chat, include_usage=request.include_usage)
         log_prompts = self.gw.settings.log_prompts
-        assembler = StreamAssembler(chat=isinstance(self.call.request, ChatCompletionRequest)
-                                    ) if store or log_prompts else None
+        fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts else None
+        broken = False
         try:
-            async for chunk in chunks:
-                if assembler is not None:
-                    assembler.feed(chunk)
-                if chunk.startswith(DONE):  # the usage is known: record, then finish
-                    self.close("ok" if self.call.usage.finished else "error")
-                yield chunk
-            status = "ok" if self.call.usage.finished else "error"
+            async for event in events:
+                if fold is not None:
+                    fold.add(event)
+                raw = renderer.render(event)
+                if isinstance(event, Failed):
+                    broken = True
+                    yield raw
+                    break
+                if raw:
+                    yield raw
+            status = "ok" if self.call.usage.finished and not broken else "error"
+            self.close(status)
+            if not broken:
+                yield DONE
         finally:
             try:
-                await _close_quietly(chunks)  # aborts the upstream if the client left
+                await aclose(events)  # aborts the upstream if the client left
             finally:
                 self.close(status)
-        if assembler is not None and status == "ok":
-            response = assembler.result()
-            if response is not None and log_prompts:
+        if fold is not None and status == "ok" and fold.complete:
+            response = fold.response()
+            if log_prompts:
                 _log_completion(response)
-            if response is not None and store:
-                self._keep_response(use, response)
+            self.keep(use, response)
 
-    def keep(self, use: CacheUse | None, raw: bytes) -> None:
-        """Store a non-streamed answer in the response cache, in the background."""
-        if use is None or not use.store:
-            return
-        try:
-            response = json.loads(raw)
-        except ValueError:
-            return
-        if isinstance(response, dict):
-            self._keep_response(use, response)
-
-    def _keep_response(self, use: CacheUse | None, response: dict[str, Any]) -> None:
+    def keep(self, use: CacheUse | None, response: dict[str, Any]) -> None:
+        """Store an answer in the response cache, in the background."""
         if use is None or not cacheable(response):
             return
         usage = self.call.usage
@@ -421,10 +419,3 @@ class Ticket(Settlement):
              cache=self.cache_hit, prompt_tokens=prompt_tokens,
              completion_tokens=completion_tokens, cached_tokens=cached_tokens,
              cost_micros=cost_micros, ttft_ms=self.clock.ms(self.clock.first))
-
-
-
-async def _close_quietly(chunks: AsyncIterator[bytes]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()

@@ -22,8 +22,8 @@ from caching.embedder import Embedder
 from caching.exact import ExactCache
 from caching.keys import exact_key, is_deterministic, semantic_scope, semantic_text
 from caching.semantic import DEFAULT_THRESHOLD, SemanticCache
-from gateway.schemas.openai import OpenAIRequest
 from tenancy.context import KeyContext
+from workers.protocol.requests import OpenAIRequest
 
 logger = logging.getLogger(__name__)
 MODES = ("off", "auto", "exact", "semantic")
@@ -130,7 +130,8 @@ def fresh(hit: Hit, *, response_id: str, model: str) -> dict[str, Any]:
 
 
 # What a cached answer may hold: a replay must give back exactly what was stored, streamed
-# or not (gateway/sse.py), so anything else (refusals, audio, annotations) is not cached.
+# or not (workers/protocol/render.py): anything else (refusals, audio, annotations) is not
+# cached.
 _REPLAYABLE_MESSAGE = frozenset({"role", "content", "tool_calls"})
 _REPLAYABLE_CALL = frozenset({"id", "type", "function"})
 

@@ -9,10 +9,9 @@ answer with a proper HTTP status.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +20,21 @@ from workers.engine.outputs import RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.sequence import RequestMetrics
 from workers.engine.structured import StructuredOutputs
-from workers.events import Delta
 from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
+from workers.protocol.events import (
+    Event,
+    Finished,
+    Opened,
+    OtherDelta,
+    TextDelta,
+    ToolCallDelta,
+)
+from workers.protocol.events import Usage as UsageEvent
+from workers.protocol.render import Fold
 from workers.tools.choice import ToolPlan, tool_plan
 from workers.tools.parsers import make_parser
-from workers.tools.processor import ChoiceProcessor, fold, sse_delta
+from workers.tools.processor import ChoiceProcessor
 from workers.tools.render import render_chat
 
 
@@ -41,6 +49,18 @@ class Usage:
     # Of the prompt, what the deployment had computed when the request ended (engines report
     # it; None where nobody knows): what an answer cut short before its first token costs.
     computed_prompt_tokens: int | None = None
+    reported: bool = False  # the upstream has said its own counts (a `Usage` event)
+
+    def observe(self, event: Event) -> None:
+        """Keep the counts current from an upstream's events: its own usage once it reports
+        it; until then one token per content delta (what a stream cut short is billed)."""
+        if isinstance(event, UsageEvent):
+            self.prompt_tokens = event.prompt_tokens or self.prompt_tokens
+            self.completion_tokens = event.completion_tokens
+            self.cached_tokens = event.cached_tokens
+            self.reported = True
+        elif isinstance(event, TextDelta | ToolCallDelta | OtherDelta) and not self.reported:
+            self.completion_tokens += 1
 
     def as_openai(self) -> dict[str, Any]:
         return {
@@ -99,6 +119,7 @@ class EmbeddedClient:
         `cache_salt` is the prefix-cache namespace (the gateway passes the tenant); `lora` the
         engine's name of a registered adapter, and `model` what responses call the model."""
         params = sampling_params(body, chat=chat)
+        params.output_kind = "delta"  # the output processor takes only what is new
         tools = tool_plan(body) if chat else ToolPlan("none")
         _constrain_tool_calls(params, tools)
         prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer, tools=tools)
@@ -113,142 +134,33 @@ class EmbeddedClient:
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
-    async def complete(self, call: PreparedCall, *, request_id: str,
-                       on_first_output: Callable[[], None] | None = None) -> dict[str, Any]:
-        """Run to the end; cancelling the awaiting task aborts the engine request.
+    async def events(self, call: PreparedCall, *, request_id: str) -> AsyncIterator[Event]:
+        """The answer as events: `Opened` at the engine's first output (the request is then
+        running, not stuck), deltas per choice, `Finished`, and `Usage` last.
 
-        `on_first_output` is called once the engine has produced something: the request is
-        then running, not stuck (the gateway's routing deadline stops there)."""
-        final: RequestOutput | None = None
-        try:
-            async for final in self.engine.generate(call.request, request_id=request_id):
-                if on_first_output is not None:
-                    on_first_output()
-                    on_first_output = None
-                _count(call, final)
-        finally:
-            _count_work(call)
-        assert final is not None
-        call.usage.finished = True
-        return self._response(final, call, request_id)
-
-    async def open_stream(
-        self, call: PreparedCall, *, request_id: str, include_usage: bool
-    ) -> AsyncIterator[bytes]:
-        """SSE bytes. The first output is awaited here, so engine errors surface before bytes."""
+        Engine errors (overload, a dead engine) raise before the first event. Leaving early
+        (closing this) aborts the engine request."""
         outputs = self.engine.generate(call.request, request_id=request_id)
+        processor = OutputProcessor(call, self, request_id)
         try:
-            first = await anext(outputs)
-        except BaseException:
-            await outputs.aclose()
-            _count_work(call)
-            raise
-        return self._sse(first, outputs, call, request_id, include_usage)
-
-    async def _sse(
-        self, first: RequestOutput, rest: AsyncIterator[RequestOutput], call: PreparedCall,
-        request_id: str, include_usage: bool,
-    ) -> AsyncIterator[bytes]:
-        """Deltas per choice; leaving early (client gone) closes `rest`, aborting the request."""
-        created = int(time.time())
-        kind = "chat.completion.chunk" if call.chat else "text_completion"
-        sent: dict[int, int] = {}
-        sent_logprobs: dict[int, int] = {}
-
-        def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
-            data: dict[str, Any] = {"id": request_id, "object": kind, "created": created,
-                                    "model": call.model, "choices": choices}
-            if include_usage:
-                data["usage"] = usage
-            return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-        async def outputs() -> AsyncIterator[RequestOutput]:
-            yield first
-            async for out in rest:
-                yield out
-
-        processors: dict[int, ChoiceProcessor] = {}
-        try:
-            async for out in outputs():
-                _count(call, out)
-                choices = []
-                for c in out.outputs:
-                    is_first = c.index not in sent
-                    processor = processors.get(c.index)
-                    if processor is None:
-                        processor = processors[c.index] = ChoiceProcessor(
-                            c.index, call.tools, self.tool_call_parser)
-                    deltas = processor.feed(c.text[sent.get(c.index, 0):])
-                    sent[c.index] = len(c.text)
-                    finish_reason = None
-                    if c.finish_reason is not None:
-                        last, finish_reason = processor.finish(c.finish_reason)
-                        deltas += last
-                    logprobs = None
-                    if c.logprobs is not None and len(c.logprobs) > sent_logprobs.get(c.index, 0):
-                        start = sent_logprobs.get(c.index, 0)
-                        logprobs = self._logprobs(c.logprobs[start:], call.chat)
-                        sent_logprobs[c.index] = len(c.logprobs)
-                    choices += self._choice_deltas(c.index, deltas, is_first, call.chat,
-                                                   finish_reason, logprobs)
-                if choices:
-                    yield chunk(choices)
+            async for out in outputs:
+                for event in processor.process(out):
+                    yield event
             call.usage.finished = True
-            if include_usage:
-                yield chunk([], call.usage.as_openai())
-            yield b"data: [DONE]\n\n"
+            usage = call.usage
+            yield UsageEvent(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
         finally:
-            await rest.aclose()  # type: ignore[attr-defined]
+            await outputs.aclose()  # type: ignore[attr-defined]
             _count_work(call)
 
-    @staticmethod
-    def _choice_deltas(index: int, deltas: list[Delta], is_first: bool, chat: bool,
-                       finish_reason: str | None, logprobs: dict[str, Any] | None
-                       ) -> list[dict[str, Any]]:
-        """One stream choice per delta (OpenAI sends content and each tool-call piece in
-        chunks of their own); the first carries the role, the last the finish reason."""
-        pieces: list[dict[str, Any]] = [sse_delta(d) for d in deltas]
-        if not pieces and (is_first or finish_reason is not None or logprobs is not None):
-            pieces = [{"content": ""} if is_first or logprobs is not None else {}]
-        out = []
-        for i, piece in enumerate(pieces):
-            if chat:
-                if is_first and i == 0:
-                    piece = {"role": "assistant", **piece}
-                    if "tool_calls" in piece:
-                        piece["content"] = None
-                choice: dict[str, Any] = {"index": index, "delta": piece, "logprobs": None,
-                                          "finish_reason": None}
-            else:
-                choice = {"index": index, "text": piece.get("content", ""), "logprobs": None,
-                          "finish_reason": None}
-            out.append(choice)
-        if out:
-            out[0]["logprobs"] = logprobs
-            out[-1]["finish_reason"] = finish_reason
-        return out
+    async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
+        """The whole response: the fold of `events`."""
+        fold = Fold(chat=call.chat)
+        async for event in self.events(call, request_id=request_id):
+            fold.add(event)
+        return fold.response()
 
-    def _response(self, out: RequestOutput, call: PreparedCall, request_id: str) -> dict[str, Any]:
-        choices = []
-        for c in out.outputs:
-            logprobs = None if c.logprobs is None else self._logprobs(c.logprobs, call.chat)
-            choice: dict[str, Any] = {"index": c.index, "finish_reason": c.finish_reason,
-                                      "logprobs": logprobs}
-            if call.chat:
-                processor = ChoiceProcessor(c.index, call.tools, self.tool_call_parser)
-                message = fold(processor.feed(c.text))
-                last, choice["finish_reason"] = processor.finish(c.finish_reason)
-                choice["message"] = fold(last, into=message).as_openai()
-            else:
-                choice["text"] = c.text
-            choices.append(choice)
-        return {
-            "id": request_id, "object": "chat.completion" if call.chat else "text_completion",
-            "created": int(time.time()), "model": call.model, "choices": choices,
-            "usage": call.usage.as_openai(),
-        }
-
-    def _logprobs(self, entries: list[TokenLogprob], chat: bool) -> dict[str, Any]:
+    def logprobs(self, entries: list[TokenLogprob], chat: bool) -> dict[str, Any]:
         tokenizer = self.engine.tokenizer
 
         def text(token_id: int) -> str:
@@ -269,6 +181,47 @@ class EmbeddedClient:
         }
 
 
+class OutputProcessor:
+    """Engine outputs (deltas) -> events, outside the engine step: tool-call parsing and
+    logprobs per choice, usage counted as tokens arrive (vLLM v1's OutputProcessor shape)."""
+
+    def __init__(self, call: PreparedCall, client: EmbeddedClient, request_id: str) -> None:
+        self.call = call
+        self.client = client
+        self.request_id = request_id
+        self._choices: dict[int, ChoiceProcessor] = {}
+        self._opened = False
+
+    def process(self, out: RequestOutput) -> list[Event]:
+        call = self.call
+        events: list[Event] = []
+        if not self._opened:
+            self._opened = True
+            events.append(Opened(self.request_id, int(time.time()), call.model))
+        call.metrics = out.metrics
+        usage = call.usage
+        usage.prompt_tokens = len(out.prompt_token_ids)
+        usage.cached_tokens = out.num_cached_tokens
+        for c in out.outputs:
+            usage.completion_tokens += len(c.token_ids)
+            processor = self._choices.get(c.index)
+            if processor is None:
+                processor = self._choices[c.index] = ChoiceProcessor(
+                    c.index, call.tools, self.client.tool_call_parser)
+            deltas: list[Event] = list(processor.feed(c.text))
+            if c.logprobs:
+                logprobs = self.client.logprobs(c.logprobs, call.chat)
+                if deltas and isinstance(deltas[0], TextDelta):
+                    deltas[0] = TextDelta(c.index, deltas[0].text, logprobs)
+                else:
+                    deltas.insert(0, TextDelta(c.index, "", logprobs))
+            events += deltas
+            if c.finish_reason is not None:
+                last, reason = processor.finish(c.finish_reason)
+                events += [*last, Finished(c.index, reason)]
+        return events
+
+
 FLOOR_LOGPROB = -9999.0  # what OpenAI reports for a token the model all but rules out
 
 
@@ -276,14 +229,6 @@ def finite(logprob: float) -> float:
     """A logprob JSON can carry: NaN and -inf (a masked or impossible token) would be
     written as bare `NaN` / `-Infinity`, which is not JSON."""
     return logprob if math.isfinite(logprob) else FLOOR_LOGPROB
-
-
-def _count(call: PreparedCall, out: RequestOutput) -> None:
-    call.metrics = out.metrics
-    usage = call.usage
-    usage.prompt_tokens = len(out.prompt_token_ids)
-    usage.cached_tokens = out.num_cached_tokens
-    usage.completion_tokens = sum(len(c.token_ids) for c in out.outputs)
 
 
 def _count_work(call: PreparedCall) -> None:

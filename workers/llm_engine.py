@@ -47,6 +47,10 @@ class _Sample:
     detokenizer: IncrementalDetokenizer
     logprobs: list[TokenLogprob] | None
     stop_reason: str | int | None = None
+    # what earlier outputs already held (delta outputs send only the rest)
+    sent_text: int = 0
+    sent_tokens: int = 0
+    sent_logprobs: int = 0
 
 
 @dataclass
@@ -529,17 +533,9 @@ class LLMEngine:
         return params.max_tokens
 
     def _output(self, request: _Request) -> RequestOutput:
-        outputs = [
-            CompletionOutput(
-                index=i,
-                text=sample.detokenizer.text,
-                token_ids=sample.seq.output_token_ids,
-                finish_reason=str(sample.seq.finish_reason) if sample.seq.finish_reason else None,
-                stop_reason=sample.stop_reason,
-                logprobs=list(sample.logprobs) if sample.logprobs is not None else None,
-            )
-            for i, sample in enumerate(request.samples)
-        ]
+        delta = request.params.output_kind == "delta"
+        outputs = [self._sample_output(i, sample, delta)
+                   for i, sample in enumerate(request.samples)]
         return RequestOutput(
             request_id=request.request_id,
             prompt=request.prompt,
@@ -549,6 +545,28 @@ class LLMEngine:
             metrics=request.metrics,
             num_cached_tokens=request.samples[0].seq.num_cached_tokens or 0,
         )
+
+    @staticmethod
+    def _sample_output(index: int, sample: _Sample, delta: bool) -> CompletionOutput:
+        seq = sample.seq
+        text = sample.detokenizer.text
+        tokens = seq.token_ids
+        logprobs = sample.logprobs
+        if delta:  # only what is new: O(new) per step, not a copy of everything so far
+            start = seq.num_prompt_tokens + sample.sent_tokens
+            out_text = text[sample.sent_text:]
+            out_tokens = tokens[start:]
+            out_logprobs = None if logprobs is None else logprobs[sample.sent_logprobs:]
+            sample.sent_text = max(sample.sent_text, len(text))
+            sample.sent_tokens = len(tokens) - seq.num_prompt_tokens
+            sample.sent_logprobs = 0 if logprobs is None else len(logprobs)
+        else:
+            out_text, out_tokens = text, seq.output_token_ids
+            out_logprobs = None if logprobs is None else list(logprobs)
+        return CompletionOutput(
+            index=index, text=out_text, token_ids=out_tokens,
+            finish_reason=str(seq.finish_reason) if seq.finish_reason else None,
+            stop_reason=sample.stop_reason, logprobs=out_logprobs)
 
 
 def _note_progress(request: _Request, seq: Sequence) -> None:

@@ -1,18 +1,23 @@
-"""What every deployment offers the request path: prepare, complete, stream; and, where it
-can apply tenants' LoRA adapters, loading and unloading them."""
+"""What every deployment offers the request path: prepare, then open the answer as typed
+events (`workers.protocol.events`); and, where it can apply tenants' LoRA adapters, loading
+and unloading them. Streamed or not, every answer crosses this boundary the same way: a
+non-streamed response is the fold of the events, rendered once by the gateway."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.deployments.config import DeploymentConfig, Price
-from gateway.errors import bad_request, model_not_found
-from gateway.schemas.openai import OpenAIRequest
+from gateway.errors import APIError, bad_request, model_not_found
 from workers.client import Usage
+from workers.protocol.events import Event, Failed, aclose
+from workers.protocol.render import fold
+from workers.protocol.requests import OpenAIRequest
 
 
 class UpstreamFailure(Exception):
@@ -62,19 +67,6 @@ class Call:
     native: Any = None  # the deployment's own prepared form
     adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
-    # Called by a deployment that can see its upstream working (the engine's first output):
-    # from then on the request is making progress, and the router lifts its deadline.
-    on_progress: Callable[[], None] = field(default=lambda: None, repr=False)
-
-    def take_usage(self, usage: Any) -> None:
-        """Adopt an upstream's OpenAI `usage` object (ignored when it is not one)."""
-        if not isinstance(usage, dict):
-            return
-        self.usage.prompt_tokens = int(usage.get("prompt_tokens") or self.usage.prompt_tokens)
-        self.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
-        details = usage.get("prompt_tokens_details") or {}
-        if isinstance(details, dict):
-            self.usage.cached_tokens = int(details.get("cached_tokens") or 0)
 
 
 class Deployment(ABC):
@@ -152,12 +144,41 @@ class Deployment(ABC):
         `adapter` is the caller's own adapter, only ever given where `serves_adapters`."""
 
     @abstractmethod
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
-        """The whole JSON response body; fills call.usage."""
+    def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        """The answer as events, `Opened` first (the upstream is answering).
 
-    @abstractmethod
-    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
-        """SSE event bytes. Failures before the first event raise here, not in the iterator."""
+        A failure before the first event raises from the first `anext` (UpstreamFailure for
+        the router to try elsewhere, APIError for the client); after it, the answer ends with
+        `Failed`. `call.usage` is kept current as tokens arrive (what a cut answer costs), and
+        the closing `Usage` event settles it. Closing the iterator early aborts the upstream."""
+
+    async def complete(self, call: Call, *, request_id: str) -> dict[str, Any]:
+        """The whole response, folded from `open` (the router folds its own, to try another
+        deployment on a failure midway)."""
+        events = timed(call, self.open(call, request_id=request_id))
+        return (await fold(events, chat=call.chat)).response()
+
+
+def failed(error: APIError | UpstreamFailure) -> Failed:
+    """A failure after the first event, as the event that ends the answer."""
+    return Failed(error.status, error.message, error.code or "upstream_error")
+
+
+async def timed(call: Call, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    """`events`, adding the time spent waiting on them to `call.upstream_s` (not the time the
+    consumer spends between them)."""
+    try:
+        while True:
+            started = time.perf_counter()
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
+                return
+            finally:
+                call.upstream_s += time.perf_counter() - started
+            yield event
+    finally:
+        await aclose(events)
 
 
 def estimated_prompt_tokens(request: OpenAIRequest, *, chat: bool) -> int:

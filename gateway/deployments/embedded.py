@@ -9,20 +9,26 @@ share one registration.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
 from collections.abc import AsyncIterator
 
-from gateway.deployments.base import AdapterRef, Call, Deployment, UpstreamFailure, rough_call
+from gateway.deployments.base import (
+    AdapterRef,
+    Call,
+    Deployment,
+    UpstreamFailure,
+    failed,
+    rough_call,
+)
 from gateway.deployments.config import DeploymentConfig
 from gateway.errors import APIError, bad_request, unavailable
-from gateway.schemas.openai import OpenAIRequest
 from workers.async_engine import AsyncLLMEngine, EngineDeadError
 from workers.client import EmbeddedClient, PreparedCall
 from workers.engine.sampling_params import InvalidRequestError
 from workers.llm_engine import EngineOverloadedError
 from workers.lora.manager import AdapterBusyError, UnknownAdapterError
+from workers.protocol.events import Event
+from workers.protocol.requests import OpenAIRequest
 
 logger = logging.getLogger(__name__)
 
@@ -119,31 +125,19 @@ class EmbeddedDeployment(Deployment):
                 f"least {fewest}.", param="messages" if chat else "prompt",
                 code="context_length_exceeded")
 
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
+    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         native: PreparedCall = call.native
-        started = time.perf_counter()
+        sent = False
         try:
             await self._ensure_adapter(call)
-            response = await self.client.complete(native, request_id=request_id,
-                                                  on_first_output=call.on_progress)
+            async for event in self.client.events(native, request_id=request_id):
+                sent = True
+                yield event
         except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
-            raise _api_error(exc, call) from None
-        finally:
-            call.upstream_s += time.perf_counter() - started
-        return json.dumps(response, separators=(",", ":")).encode()
-
-    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
-        native: PreparedCall = call.native
-        started = time.perf_counter()
-        try:
-            await self._ensure_adapter(call)
-            return await self.client.open_stream(
-                native, request_id=request_id, include_usage=call.request.include_usage
-            )
-        except (InvalidRequestError, EngineOverloadedError, EngineDeadError) as exc:
-            raise _api_error(exc, call) from None
-        finally:
-            call.upstream_s += time.perf_counter() - started
+            error = _api_error(exc, call)
+            if not sent:
+                raise error from None
+            yield failed(error)
 
     async def _ensure_adapter(self, call: Call) -> None:
         """Before dispatch: the caller's adapter is registered (a no-op once it is)."""

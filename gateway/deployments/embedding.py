@@ -39,7 +39,8 @@ from gateway.schemas.embeddings import (
     render_embeddings,
     unknown_field,
 )
-from gateway.schemas.openai import OpenAIRequest
+from workers.protocol.events import Event
+from workers.protocol.requests import OpenAIRequest
 
 CONTEXT_CODE = "context_length_exceeded"
 # Bodies bigger than these are parsed or encoded on a thread, not on the event loop.
@@ -59,20 +60,15 @@ def not_an_embedding_model(model: str) -> APIError:
 
 
 class EmbeddingDeployment(Deployment):
-    """What every embedding deployment shares: the refusal of chat, and `complete` = embed."""
+    """What every embedding deployment shares: the refusal of chat, and `embed`."""
 
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
         raise wrong_endpoint(request.model)
 
-    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
+    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         raise wrong_endpoint(call.request.model)
-
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
-        """The embeddings body (what the fallbacks dispatch); fills call.usage."""
-        if not isinstance(call.request, EmbeddingRequest):
-            raise wrong_endpoint(call.request.model)
-        return await self.embed(call, request_id=request_id)
+        yield  # an async generator, like every deployment's `open`
 
     @abstractmethod
     def prepare_embedding(self, request: EmbeddingRequest) -> Call:

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import os
 import re
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from decimal import Decimal
 from types import ModuleType
@@ -34,15 +32,16 @@ from gateway.deployments.base import (
     Deployment,
     UpstreamFailure,
     estimated_call,
+    failed,
 )
 from gateway.deployments.config import DeploymentConfig, Price
-from gateway.deployments.http import error_event
 from gateway.errors import APIError, bad_request
-from gateway.schemas.openai import OpenAIRequest
+from workers.protocol.events import Event, Failed
+from workers.protocol.render import events_of_chunk, events_of_response, opened_of
+from workers.protocol.requests import OpenAIRequest
 
 logger = logging.getLogger(__name__)
 
-DONE = b"data: [DONE]\n\n"
 PASSTHROUGH_STATUSES = (400, 413, 422)
 CONTEXT_CODE = "context_length_exceeded"
 # What a request may set on the litellm call: sampling only, never where or how it connects.
@@ -146,30 +145,26 @@ class LiteLLMDeployment(Deployment):
                 adapter: AdapterRef | None = None) -> Call:
         return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
+    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        """Waits for the provider's answer (or a stream's first chunk), so a failure before it
+        raises (and the router can still fall back); later failures end with `Failed`."""
         litellm = load_litellm()
         send = litellm.acompletion if call.chat else litellm.atext_completion
-        started = time.perf_counter()
-        try:
-            async with asyncio.timeout(self.config.timeout_s):
-                response = await send(**self._kwargs(call, stream=False, request_id=request_id))
-        except Exception as exc:
-            raise self._failure(exc, call) from None
-        finally:
-            call.upstream_s += time.perf_counter() - started
-        data = _dump(response)
-        data["model"] = call.request.model  # the name the client asked for
-        call.take_usage(data.get("usage"))
-        call.usage.finished = True
-        return _encode(_tidy(data))
-
-    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
-        """Waits for the first chunk, so a failure before it raises here (and the router can
-        still fall back); later failures just end the stream."""
-        litellm = load_litellm()
-        send = litellm.acompletion if call.chat else litellm.atext_completion
-        started = time.perf_counter()
         deadline = asyncio.get_running_loop().time() + self.config.timeout_s
+        if not call.request.stream:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    response = await send(**self._kwargs(call, stream=False,
+                                                         request_id=request_id))
+            except Exception as exc:
+                raise self._failure(exc, call) from None
+            data = _tidy(_dump(response))
+            data["model"] = call.request.model  # the name the client asked for
+            for event in events_of_response(data, chat=call.chat):
+                call.usage.observe(event)
+                yield event
+            call.usage.finished = True
+            return
         stream: Any = None
         try:
             async with asyncio.timeout_at(deadline):
@@ -183,53 +178,40 @@ class LiteLLMDeployment(Deployment):
             if stream is not None:
                 await _close_upstream(stream)
             raise
-        finally:
-            call.upstream_s += time.perf_counter() - started
-        return self._relay(stream, first, call, deadline)
+        async for event in self._relay(stream, first, call, deadline):
+            yield event
 
     async def _relay(self, stream: Any, first: Any, call: Call, deadline: float
-                     ) -> AsyncIterator[bytes]:
-        """Chunks as SSE events, as they come; closing this early closes the upstream stream."""
-        want_usage = call.request.include_usage
-        content_events = 0
-        saw_usage = False
+                     ) -> AsyncIterator[Event]:
+        """Chunks as events, as they come; closing this early closes the upstream stream."""
         chunk = first
+        opened = False
         try:
             while chunk is not None:
                 data = _dump(chunk)
-                data["model"] = call.request.model
-                usage = data.pop("usage", None)
-                send = True
                 if _finishes(data) and _upstream_finished(stream) is False:
                     break  # litellm's own "stop" for a stream the provider never finished
-                if usage:
-                    call.take_usage(usage)
-                    saw_usage = True
-                    if not any(_says_something(c) for c in data.get("choices") or []):
-                        data["choices"] = []  # OpenAI's usage-only chunk
-                        send = want_usage
-                    if want_usage:
-                        data["usage"] = usage
-                else:
-                    content_events += 1
-                    if not saw_usage:  # until the upstream says, count one token per event
-                        call.usage.completion_tokens = content_events
-                if send:
-                    yield b"data: " + _encode(_tidy(data)) + b"\n\n"
+                data = _tidy(data)
+                data["model"] = call.request.model
+                if not opened:
+                    opened = True
+                    yield opened_of(data)
+                for event in events_of_chunk(data, chat=call.chat):
+                    call.usage.observe(event)
+                    yield event
                 async with asyncio.timeout_at(deadline):
                     chunk = await _next(stream)
             if _upstream_finished(stream) is False:
                 logger.warning("deployment %s: the stream ended unfinished", self.name)
-                yield error_event("the upstream ended the stream early", "upstream_error")
+                yield Failed(502, "the upstream ended the stream early", "upstream_error")
                 return
             call.usage.finished = True
-            yield DONE
         except Exception as exc:  # the client has had bytes: end here, bill the usage so far
             logger.warning("deployment %s: the stream failed midway (%s)", self.name,
                            type(exc).__name__)
             failure = self._failure(exc, call)
-            code = failure.code if isinstance(failure, UpstreamFailure) else "upstream_error"
-            yield error_event(failure.message, code or "upstream_error")
+            yield failed(failure) if isinstance(failure, APIError | UpstreamFailure) else \
+                Failed(502, "upstream error", "upstream_error")
         finally:
             await _close_upstream(stream)
 
@@ -448,25 +430,6 @@ def _dump(obj: Any) -> dict[str, Any]:
     if isinstance(obj, dict):
         return dict(obj)
     return obj.model_dump()
-
-
-def _encode(data: dict[str, Any]) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str).encode()
-
-
-def _says_something(choice: Any) -> bool:
-    """Whether a stream choice carries anything (litellm pads the usage chunk with an empty
-    one, where OpenAI sends no choice at all)."""
-    if not isinstance(choice, dict):
-        return True
-    if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
-        return True
-    if choice.get("text") is not None:
-        return True
-    delta = choice.get("delta")
-    if not isinstance(delta, dict):
-        return False
-    return any(v is not None for k, v in delta.items() if k != "provider_specific_fields")
 
 
 def _tidy(data: dict[str, Any]) -> dict[str, Any]:

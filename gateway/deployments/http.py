@@ -1,15 +1,15 @@
 """An OpenAI-compatible HTTP upstream: a remote Switchboard worker or a provider.
 
 The upstream key is the deployment's own, server-side; the caller's key never goes upstream.
-Streams are relayed event by event as they arrive; the usage event is requested upstream so
-the real token count can be reconciled, and dropped again if the caller did not ask for it.
+Answers are read into typed events once, as they arrive (JSON or SSE); a stream asks for the
+usage event upstream so the real token count can be reconciled (the gateway renders it to the
+caller only if asked).
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,12 +21,15 @@ from gateway.deployments.base import (
     Deployment,
     UpstreamFailure,
     estimated_call,
+    failed,
 )
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import APIError
 from gateway.observability.tracing import inject_trace_headers
-from gateway.schemas.openai import OpenAIRequest
+from workers.protocol.events import Event, Failed
+from workers.protocol.render import events_of_chunk, events_of_response, opened_of
+from workers.protocol.requests import OpenAIRequest
 
 PASSTHROUGH_STATUSES = (400, 413, 422)
 
@@ -49,81 +52,74 @@ class HttpDeployment(Deployment):
                 adapter: AdapterRef | None = None) -> Call:
         return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
-        body = self._body(call, stream=False)
-        started = time.perf_counter()
+    # Ask for a stream even for a whole answer (then folded): a worker of ours shows progress
+    # only while streaming, and its first event ends the routing deadline.
+    streams_whole = False
+
+    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        stream = bool(call.request.stream) or self.streams_whole
+        body = self._body(call, stream=stream)
+        sent = False
         try:
             async with self._post(body, call.chat, request_id) as resp:
                 await check_response(resp)
-                raw = await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise upstream_failure(exc) from None
-        finally:
-            call.upstream_s += time.perf_counter() - started
-        try:
-            usage = json.loads(raw).get("usage") or {}
-        except (ValueError, AttributeError):
-            raise UpstreamFailure(502, "upstream sent an invalid JSON response") from None
-        call.take_usage(usage)
-        call.usage.finished = True
-        return raw
-
-    async def open_stream(self, call: Call, *, request_id: str) -> AsyncIterator[bytes]:
-        body = self._body(call, stream=True)
-        started = time.perf_counter()
-        ctx = self._post(body, call.chat, request_id)
-        try:
-            resp = await ctx.__aenter__()
-            try:
-                await check_response(resp)
-            except BaseException:
-                resp.release()
-                raise
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise upstream_failure(exc) from None
-        finally:
-            call.upstream_s += time.perf_counter() - started
-        return self._relay(resp, call)
-
-    async def _relay(self, resp: aiohttp.ClientResponse, call: Call) -> AsyncIterator[bytes]:
-        """Pass events on as they come; closing this early closes the upstream connection."""
-        want_usage = call.request.include_usage
-        content_events = 0
-        saw_usage = False
-        event: list[bytes] = []
-        sent = False
-        try:
-            async for line in resp.content:
-                if line.strip():
-                    event.append(line)
-                    continue
-                if not event:
-                    continue
-                data = b"".join(event)
-                event = []
-                usage, has_choices = _usage_of(data) if b'"usage"' in data else ({}, True)
-                if usage:  # any JSON spelling: `"usage": {` from Python's json.dumps too
-                    call.take_usage(usage)
-                    saw_usage = True
-                    if not want_usage and not has_choices:
-                        continue
-                elif data.startswith(b"data: [DONE]"):
-                    call.usage.finished = True
-                else:
-                    content_events += 1
-                    if not saw_usage:  # until the upstream says, count one token per event
-                        call.usage.completion_tokens = content_events
-                sent = True
-                yield data + b"\n"
+                events = (self._stream_events(resp, call) if stream
+                          else self._response_events(await resp.read(), call))
+                async for event in events:
+                    sent = True
+                    yield event
         except (TimeoutError, aiohttp.ClientError) as exc:
             failure = upstream_failure(exc)
             if not sent:
                 raise failure from None  # nothing reached the client: the router may retry
-            # Events are out, so no retry: end with an error event the client can see. The
-            # usage so far is billed.
-            yield error_event(failure.message, failure.code)
-        finally:
-            resp.close()
+            yield failed(failure)  # events are out, so no retry; the usage so far is billed
+
+    @staticmethod
+    async def _response_events(raw: bytes, call: Call) -> AsyncIterator[Event]:
+        try:
+            response = json.loads(raw)
+        except ValueError:
+            response = None
+        if not isinstance(response, dict):
+            raise UpstreamFailure(502, "upstream sent an invalid JSON response")
+        for event in events_of_response(response, chat=call.chat):
+            call.usage.observe(event)
+            yield event
+        call.usage.finished = True
+
+    @staticmethod
+    async def _stream_events(resp: aiohttp.ClientResponse, call: Call
+                             ) -> AsyncIterator[Event]:
+        """Each SSE event parsed once, as it arrives."""
+        opened = False
+        lines: list[bytes] = []
+        async for line in resp.content:
+            if line.strip():
+                lines.append(line)
+                continue
+            payload = b"\n".join(raw[5:].strip() for raw in lines if raw.startswith(b"data:"))
+            lines = []
+            if not payload:
+                continue
+            if payload == b"[DONE]":
+                call.usage.finished = True
+                return
+            try:
+                chunk = json.loads(payload)
+            except ValueError:
+                chunk = None
+            if not isinstance(chunk, dict):
+                yield Failed(502, "upstream sent an invalid event", "upstream_error")
+                return
+            if not opened and "error" not in chunk:
+                opened = True
+                yield opened_of(chunk)
+            for event in events_of_chunk(chunk, chat=call.chat):
+                call.usage.observe(event)
+                yield event
+                if isinstance(event, Failed):
+                    return
+        yield Failed(502, "the upstream ended the stream early", "upstream_error")
 
     def upstream_fields(self, call: Call) -> dict[str, Any]:
         """What this upstream is told besides the caller's fields: the model it serves."""
@@ -167,12 +163,6 @@ async def check_response(resp: aiohttp.ClientResponse) -> None:
     raise UpstreamFailure(502, f"upstream error (HTTP {resp.status})")
 
 
-def error_event(message: str, code: str) -> bytes:
-    """An SSE event in OpenAI's error shape, for failures after the stream has started."""
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
-
-
 def upstream_failure(exc: BaseException) -> UpstreamFailure:
     if isinstance(exc, TimeoutError):
         return UpstreamFailure(504, "the upstream timed out", code="upstream_timeout")
@@ -191,14 +181,3 @@ def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
     code = error.get("code")
     return (message[:2000] if isinstance(message, str) else None,
             code if isinstance(code, str) else None)
-
-
-def _usage_of(data: bytes) -> tuple[dict[str, Any], bool]:
-    try:
-        obj = json.loads(data[len(b"data:"):])
-    except ValueError:
-        return {}, True
-    if not isinstance(obj, dict):
-        return {}, True
-    usage = obj.get("usage")
-    return (usage if isinstance(usage, dict) else {}), bool(obj.get("choices"))

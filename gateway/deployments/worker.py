@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,11 @@ from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import unavailable
-from gateway.schemas.openai import OpenAIRequest
-from gateway.sse import StreamAssembler
 from workers.engine.sampling_params import InvalidRequestError
 from workers.lora.manager import AdapterBusyError
 from workers.periodic import Periodic
+from workers.protocol.events import Event
+from workers.protocol.requests import OpenAIRequest
 
 logger = logging.getLogger(__name__)
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -211,30 +212,12 @@ class WorkerDeployment(HttpDeployment):
             fields["cache_salt"] = call.native
         return fields
 
-    async def complete(self, call: Call, *, request_id: str) -> bytes:
-        """A worker shows progress only while streaming, so a whole answer is asked for as a
-        stream: the first event is its first byte (`Call.on_progress`: no routing deadline cuts
-        it after that), and the events fold into the one response. Logprobs, which the fold
-        does not carry, take the plain path."""
-        await self._ensure_adapter(call)
-        if call.request.wants_logprobs:
-            return await super().complete(call, request_id=request_id)
-        events = await super().open_stream(call, request_id=request_id)
-        call.on_progress()  # the worker answers its headers after the first output
-        assembler = StreamAssembler(chat=call.chat)
-        async for event in events:
-            assembler.feed(event)
-        response = assembler.result()
-        if response is None:
-            raise UpstreamFailure(502, "the worker ended the answer early")
-        response["model"] = call.request.model
-        response["usage"] = call.usage.as_openai()
-        call.usage.finished = True
-        return json.dumps(response, separators=(",", ":")).encode()
+    streams_whole = True  # a whole answer is asked as a stream and folded (see HttpDeployment)
 
-    async def open_stream(self, call: Call, *, request_id: str):  # type: ignore[override]
+    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         await self._ensure_adapter(call)
-        return await super().open_stream(call, request_id=request_id)
+        async for event in super().open(call, request_id=request_id):
+            yield event
 
     async def _ensure_adapter(self, call: Call) -> None:
         if call.adapter is None:

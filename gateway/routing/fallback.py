@@ -13,12 +13,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
+from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared, timed
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
+from workers.protocol.events import Event, Failed, aclose, prepend
+from workers.protocol.render import Fold, fold
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import GatewayMetrics
@@ -28,12 +30,12 @@ CONTEXT_CODE = "context_length_exceeded"
 
 @dataclass
 class Served:
-    """The deployment that answered, its call, and the answer: JSON bytes, or a stream whose
-    first event has already arrived."""
+    """The deployment that answered, its call, and the answer: folded whole, or a stream of
+    events whose first has already arrived."""
 
     deployment: Deployment
     call: Call
-    result: bytes | AsyncIterator[bytes]
+    result: Fold | AsyncIterator[Event] | Any  # what `serve`'s `run` gave (embeddings: bytes)
     attempts: int
     release: Callable[[], None] = field(repr=False, default=lambda: None)
 
@@ -62,8 +64,11 @@ class Fallbacks:
 
     async def serve(self, order: list[Deployment], first_call: Call, *, stream: bool,
                     request_id: str, prepare: Callable[[Deployment], Call],
-                    on_call: Callable[[Call], None] | None = None) -> Served:
-        """`prepare` makes the call for a later deployment (each counts its own tokens)."""
+                    on_call: Callable[[Call], None] | None = None,
+                    run: Attempt | None = None) -> Served:
+        """`prepare` makes the call for a later deployment (each counts its own tokens);
+        `run` makes one attempt (default: open the answer, see `answer`)."""
+        run = run or answer
         deadline = time.monotonic() + self.budget_s
         attempts = 0
         last: UpstreamFailure | None = None
@@ -89,12 +94,12 @@ class Fallbacks:
             health.in_flight += 1
             started = time.monotonic()
             try:
-                # The budget covers the search up to the first byte: a stream's first event,
-                # or a deployment's sign that it is generating (`Call.on_progress` lifts the
-                # deadline). A request making progress is never cut by it.
+                # The budget covers the search up to the first byte: the answer's first event
+                # (the deployment is generating) lifts the deadline, so a request making
+                # progress is never cut by it, streamed or not.
                 async with asyncio.timeout(max(0.001, deadline - started)) as window:
-                    call.on_progress = lambda window=window: window.reschedule(None)
-                    result = await _attempt(deployment, call, stream=stream, request_id=tag)
+                    result = await run(deployment, call, stream=stream, request_id=tag,
+                                       answering=lambda w=window: w.reschedule(None))
             except UpstreamFailure as exc:
                 health.in_flight -= 1
                 health.failed()
@@ -151,35 +156,42 @@ class TooLong:
         self.window = max(self.window, deployment.config.context_window)
 
 
-async def _attempt(deployment: Deployment, call: Call, *, stream: bool, request_id: str
-                   ) -> bytes | AsyncIterator[bytes]:
-    if not stream:
-        return await deployment.complete(call, request_id=request_id)
-    chunks = await deployment.open_stream(call, request_id=request_id)
+class Attempt(Protocol):
+    async def __call__(self, deployment: Deployment, call: Call, *, stream: bool,
+                       request_id: str, answering: Callable[[], None]) -> Any: ...
+
+
+async def answer(deployment: Deployment, call: Call, *, stream: bool, request_id: str,
+                 answering: Callable[[], None]) -> Fold | AsyncIterator[Event]:
+    """Open the answer and wait for its first event; a whole answer is folded here too, so
+    a failure midway can still go to the next deployment (no byte has gone out)."""
+    events = timed(call, deployment.open(call, request_id=request_id))
     try:
-        first = await anext(chunks)
+        first = await anext(events)
     except StopAsyncIteration:
-        raise UpstreamFailure(502, "the upstream ended the stream before sending anything",
+        raise UpstreamFailure(502, "the upstream ended the answer before sending anything",
                               code="upstream_error") from None
     except BaseException:
-        await _aclose(chunks)
+        await aclose(events)
         raise
-    return _prepend(first, chunks)
+    if isinstance(first, Failed):
+        await aclose(events)
+        raise _failure(first)
+    answering()
+    answer = prepend(first, events)
+    if stream:
+        return answer
+    whole = await fold(answer, chat=call.chat)
+    if whole.failed is not None:
+        raise _failure(whole.failed)
+    if not whole.complete:
+        raise UpstreamFailure(502, "the upstream ended the answer early", code="upstream_error")
+    return whole
 
 
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        yield first
-        async for chunk in rest:
-            yield chunk
-    finally:
-        await _aclose(rest)
-
-
-async def _aclose(chunks: AsyncIterator[bytes]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        await aclose()
+def _failure(event: Failed) -> UpstreamFailure:
+    return UpstreamFailure(event.status if event.status >= 500 else 502, event.message,
+                           code=event.code)
 
 
 def _once(health: DeploymentHealth) -> Callable[[], None]:

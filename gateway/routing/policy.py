@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from gateway.deployments.base import Deployment
 from gateway.features import Refusal, unsupported
 from gateway.routing.health import DeploymentHealth
-from gateway.schemas.openai import OpenAIRequest
+from workers.protocol.requests import OpenAIRequest
 
 # Where an adapter lives on a deployment, best first; anything else (not registered) is last.
 RESIDENCY_RANK = {"device": 0, "cpu": 1, "disk": 2}

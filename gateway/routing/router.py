@@ -17,8 +17,8 @@ from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError, bad_request, forbidden, model_not_found, unavailable
 from gateway.features import Refusal
 from gateway.routing.policy import Needs, rank
-from gateway.schemas.openai import OpenAIRequest
 from tenancy.context import KeyContext
+from workers.protocol.requests import OpenAIRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,6 @@ from gateway.deployments.base import AdapterRef, Call, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.external import LiteLLMDeployment, load_litellm
 from gateway.errors import APIError
-from gateway.schemas.openai import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 from tests.gateway.support import (
     MockUpstream,
     assert_error,
@@ -43,6 +42,9 @@ from tests.gateway.support import (
     settings,
     write_deployments,
 )
+from workers.protocol.events import TextDelta
+from workers.protocol.render import sse
+from workers.protocol.requests import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 # litellm's own deprecation noise, not ours.
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:litellm"),
@@ -142,7 +144,9 @@ def prepared(d: LiteLLMDeployment, request: OpenAIRequest) -> Call:
 
 
 async def events_of(d: LiteLLMDeployment, call: Call) -> list[bytes]:
-    return [e async for e in await d.open_stream(call, request_id="req-s")]
+    """The SSE the gateway renders of the deployment's events."""
+    return [e async for e in sse(d.open(call, request_id="req-s"), chat=call.chat,
+                                 include_usage=call.request.include_usage)]
 
 
 def parsed(events: list[bytes]) -> list[dict[str, Any]]:
@@ -161,7 +165,7 @@ def stats(upstream: MockUpstream) -> dict[str, Any]:
 async def test_chat_completion(mock_upstream):
     d = deployment(mock_upstream.base_url)
     call = prepared(d, chat(max_tokens=3, temperature=0.5, seed=7))
-    body = json.loads(await d.complete(call, request_id="req-1"))
+    body = await d.complete(call, request_id="req-1")
     assert body["object"] == "chat.completion"
     assert body["model"] == "ext-model"  # the client's name, not the upstream's
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello from the"}
@@ -181,7 +185,7 @@ async def test_chat_completion(mock_upstream):
 async def test_text_completion(mock_upstream):
     d = deployment(mock_upstream.base_url)
     call = prepared(d, text(max_tokens=50))
-    body = json.loads(await d.complete(call, request_id="req-2"))
+    body = await d.complete(call, request_id="req-2")
     assert body["object"] == "text_completion" and body["model"] == "ext-model"
     assert body["choices"][0]["text"] == REPLY
     assert (call.usage.completion_tokens, call.usage.finished) == (5, True)
@@ -205,12 +209,13 @@ async def test_chat_stream(mock_upstream, include_usage):
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     assert finishes[-1] == "stop" and set(finishes[:-1]) == {None}
-    usage_events = [c for c in chunks if "usage" in c]
-    if include_usage:  # OpenAI's shape: the last chunk, no choices
+    usage_events = [c for c in chunks if c.get("usage") is not None]
+    if include_usage:  # OpenAI's shape: the last chunk, no choices; `usage: null` before
         assert usage_events == [chunks[-1]] and chunks[-1]["choices"] == []
+        assert all("usage" in c for c in chunks)
         assert chunks[-1]["usage"]["completion_tokens"] == 5
     else:
-        assert usage_events == []
+        assert usage_events == [] and not any("usage" in c for c in chunks)
     # The upstream is always asked for usage, so the real count settles either way.
     sent = mock_upstream.last_request()["body"]
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
@@ -254,7 +259,7 @@ async def test_the_caller_cannot_redirect_or_rekey(keyed):
     smuggled = Smuggling.model_validate({"model": "ext-model", "messages": MESSAGES})
     for req in (request, smuggled):
         call = prepared(d, req)
-        body = json.loads(await d.complete(call, request_id="req-3"))
+        body = await d.complete(call, request_id="req-3")
         assert body["choices"][0]["message"]["content"] == REPLY  # the real upstream answered
         seen = keyed.last_request()
         assert seen["headers"]["authorization"] == f"Bearer {KEY}"
@@ -319,7 +324,7 @@ async def upstream_failure(d: LiteLLMDeployment, *, stream: bool) -> UpstreamFai
     call = prepared(d, chat(stream=stream))
     with pytest.raises(UpstreamFailure) as err:
         if stream:
-            await d.open_stream(call, request_id="req-f")  # before the first chunk: raises here
+            await anext(d.open(call, request_id="req-f"))  # before the first chunk: raises
         else:
             await d.complete(call, request_id="req-f")
     return err.value
@@ -378,7 +383,7 @@ async def test_upstream_context_error_lets_the_router_fall_back(scripted, stream
     call = prepared(d, chat(stream=stream))
     with pytest.raises(APIError) as err:
         if stream:
-            await d.open_stream(call, request_id="req-c")
+            await anext(d.open(call, request_id="req-c"))
         else:
             await d.complete(call, request_id="req-c")
     assert (err.value.status, err.value.code) == (400, "context_length_exceeded")
@@ -429,10 +434,10 @@ async def test_a_stream_that_fails_midway_ends_with_an_error_billing_what_came(s
 async def test_closing_the_stream_early_closes_the_upstream(scripted):
     scripted.answer = {"events": [CHUNK], "repeat": 500, "gap_s": 0.01}
     d = deployment(scripted.base_url)
-    chunks = await d.open_stream(prepared(d, chat(stream=True)), request_id="req-d")
-    first = await anext(chunks)  # type: ignore[call-overload]
-    assert b'"tok"' in first
-    await chunks.aclose()  # type: ignore[attr-defined]
+    events = d.open(prepared(d, chat(stream=True)), request_id="req-d")
+    await anext(events)  # opened
+    assert await anext(events) == TextDelta(0, "tok")
+    await events.aclose()  # type: ignore[attr-defined]
     await asyncio.wait_for(scripted.disconnected.wait(), 3)
 
 

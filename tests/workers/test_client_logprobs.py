@@ -16,9 +16,9 @@ def test_non_finite_logprobs_become_the_floor(tokenizer):
     entries = [TokenLogprob(5, math.nan, [(5, math.nan), (6, -math.inf)]),
                TokenLogprob(7, -0.25, [(7, -0.25)])]
     for chat in (True, False):
-        body = client._logprobs(entries, chat)
+        body = client.logprobs(entries, chat)
         text = json.dumps(body, allow_nan=False)  # raises on NaN or infinities
         assert str(FLOOR_LOGPROB) in text and "-0.25" in text
-    chat = client._logprobs(entries, True)["content"]
+    chat = client.logprobs(entries, True)["content"]
     assert [e["logprob"] for e in chat] == [FLOOR_LOGPROB, -0.25]
     assert [t["logprob"] for t in chat[0]["top_logprobs"]] == [FLOOR_LOGPROB, FLOOR_LOGPROB]

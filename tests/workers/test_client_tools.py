@@ -12,6 +12,7 @@ import pytest
 from workers import AsyncLLMEngine, LLMEngine
 from workers.client import EmbeddedClient
 from workers.engine.sampling_params import InvalidRequestError
+from workers.protocol.render import sse
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -45,8 +46,8 @@ def body(**extra):
 async def both(client, payload):
     """The non-streamed message and the message rebuilt from the stream's deltas."""
     whole = await client.complete(client.prepare(payload, chat=True), request_id="a")
-    stream = await client.open_stream(client.prepare(payload, chat=True), request_id="b",
-                                      include_usage=True)
+    stream = sse(client.events(client.prepare(payload, chat=True), request_id="b"),
+                 chat=True, include_usage=True)
     chunks = [json.loads(line[6:]) async for line in _events(stream)]
     return whole, chunks
 

@@ -50,8 +50,11 @@ async def progressed(call, at_least: int) -> None:
 async def test_leaving_mid_prefill_reports_the_prompt_computed(client, stream):
     call = client.prepare(long_prompt(), chat=False)
     if stream:
-        work = asyncio.ensure_future(client.open_stream(call, request_id="s",
-                                                        include_usage=False))
+        async def read() -> None:
+            async for _ in client.events(call, request_id="s"):
+                pass
+
+        work = asyncio.ensure_future(read())
     else:
         work = asyncio.ensure_future(client.complete(call, request_id="c"))
     await progressed(call, 3 * CHUNK)

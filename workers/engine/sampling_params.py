@@ -44,6 +44,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # added to the logits, OpenAI's -100..100
     structured: StructuredOutputs | None = None  # a grammar the output must follow
+    # "delta": each output holds only what is new since the last one (a streaming caller's
+    # shape: no cumulative copies per step); "cumulative": everything so far (LLM.generate).
+    output_kind: str = "cumulative"
 
     MAX_LOGPROBS = 20
 
@@ -55,6 +58,8 @@ class SamplingParams:
         if self.top_k is None or self.top_k < 0:
             self.top_k = 0
         self._validate()
+        if self.output_kind not in ("cumulative", "delta"):
+            raise InvalidRequestError("output_kind must be 'cumulative' or 'delta'")
         if self.logit_bias is not None:
             self.logit_bias = _checked_logit_bias(self.logit_bias)
         if self.structured is not None:

@@ -21,6 +21,8 @@ from workers.async_engine import EngineDeadError
 from workers.client import PreparedCall
 from workers.engine.sampling_params import InvalidRequestError
 from workers.llm_engine import EngineOverloadedError
+from workers.protocol.events import Event, started
+from workers.protocol.render import sse
 from workers.server.http import error, json_body
 from workers.server.state import WorkerState
 
@@ -50,8 +52,8 @@ async def _complete(request: Request, *, chat: bool) -> Response:
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            chunks = await state.client.open_stream(call, request_id=request_id,
-                                                    include_usage=include_usage)
+            events = await started(state.client.events(call, request_id=request_id))
+            chunks = sse(events or _nothing(), chat=chat, include_usage=include_usage)
             streaming = True
             return StreamingResponse(_observed(chunks, call, state, kind),
                                      media_type="text/event-stream")
@@ -75,6 +77,11 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     finally:
         if not streaming:
             state.in_flight -= 1
+
+
+async def _nothing() -> AsyncIterator[Event]:
+    return
+    yield
 
 
 def _prepare(state: WorkerState, body: dict[str, Any], *, chat: bool) -> PreparedCall:

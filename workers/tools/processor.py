@@ -1,18 +1,16 @@
 """Per choice, the model's text -> typed deltas: content, and tool calls where tools are on.
 
 Streaming and non-streamed answers go through the same processor; a non-streamed message is
-`fold` of the deltas, so both carry the same calls and content.
+the fold of the deltas (`workers.protocol.render.Fold`), so both carry the same calls and
+content.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
 
-from workers.events import Delta, TextDelta, ToolCallDelta
+from workers.protocol.events import Delta, TextDelta, ToolCallDelta
 from workers.tools.choice import ToolPlan
 from workers.tools.hermes import Parsed, ParsedCall, parse_call
 from workers.tools.parsers import make_parser
@@ -93,44 +91,3 @@ class ChoiceProcessor:
         if any(c is None for c in calls):
             return [TextDelta(self.index, self._held)]
         return [self._call(c) for c in calls if c is not None]
-
-
-@dataclass
-class Message:
-    """A choice's whole answer, folded from its deltas."""
-
-    content: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_openai(self) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant",
-                                   "content": self.content or (None if self.tool_calls else "")}
-        if self.tool_calls:
-            message["tool_calls"] = self.tool_calls
-        return message
-
-
-def fold(deltas: Iterable[Delta], into: Message | None = None) -> Message:
-    message = into or Message()
-    for delta in deltas:
-        if isinstance(delta, TextDelta):
-            message.content += delta.text
-            continue
-        if delta.id is not None:
-            message.tool_calls.append({"id": delta.id, "type": "function",
-                                       "function": {"name": delta.name, "arguments": ""}})
-        message.tool_calls[delta.call_index]["function"]["arguments"] += delta.arguments
-    return message
-
-
-def sse_delta(delta: Delta) -> dict[str, Any]:
-    """A delta as OpenAI's chat chunk `delta` object."""
-    if isinstance(delta, TextDelta):
-        return {"content": delta.text}
-    call: dict[str, Any] = {"index": delta.call_index}
-    if delta.id is not None:
-        call.update(id=delta.id, type="function",
-                    function={"name": delta.name, "arguments": delta.arguments})
-    else:
-        call["function"] = {"arguments": delta.arguments}
-    return {"tool_calls": [call]}

@@ -14,7 +14,7 @@ sys.modules["torch"] = None  # any `import torch` now fails
 import workers.engine, workers.tools
 names = [m.name for pkg in (workers.engine, workers.tools)
          for m in pkgutil.iter_modules(pkg.__path__, pkg.__name__ + ".")]
-for name in names + ["workers.events"]:
+for name in names + ["workers.protocol.events"]:
     importlib.import_module(name)
 print(len(names))
 """
