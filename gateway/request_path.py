@@ -49,9 +49,10 @@ from workers.protocol.events import Event, Failed, aclose
 from workers.protocol.render import DONE, Fold, StreamRenderer, events_of_response, replay
 from workers.protocol.requests import (
     ChatCompletionRequest,
-    CompletionRequest,
-    FieldError,
     OpenAIRequest,
+    RequestError,
+    parse_request,
+    request_error,
 )
 
 T = TypeVar("T")
@@ -206,39 +207,19 @@ def asked_tier(request: Request) -> str | None:
 
 
 def parse_body(raw: bytes, *, chat: bool) -> OpenAIRequest:
-    model = ChatCompletionRequest if chat else CompletionRequest
     try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+        return parse_request(raw, chat=chat)
+    except RequestError as exc:
+        raise as_api_error(exc) from None
 
 
 def validation_error(exc: ValidationError) -> APIError:
-    first = exc.errors(include_url=False)[0]
-    if first["type"] in ("json_invalid", "json_type"):
-        return bad_request("We could not parse the JSON body of your request: "
-                           f"{first['msg']}.", code="invalid_json")
-    cause = (first.get("ctx") or {}).get("error")
-    if isinstance(cause, FieldError):
-        return bad_request(f"Invalid value for '{cause.param}': {cause}.", param=cause.param,
-                           code="invalid_value")
-    loc = [str(p) for p in first["loc"] if not _is_type_tag(str(p))]
-    param = ".".join(loc[:4])
-    if first["type"] == "missing":
-        return bad_request(f"Missing required parameter: '{param}'.", param=param,
-                           code="missing_required_parameter")
-    if first["type"] == "model_type" and not loc:
-        return bad_request("The request body must be a JSON object.", code="invalid_type")
-    return bad_request(f"Invalid value for '{param}': {first['msg']}.", param=param or None,
-                       code="invalid_value")
+    """pydantic's first complaint as a 400 naming the field."""
+    return as_api_error(request_error(exc))
 
 
-_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
-
-
-def _is_type_tag(part: str) -> bool:
-    """pydantic puts union branch names ('str', 'list[int]', ...) in error locations."""
-    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-"))
+def as_api_error(exc: RequestError) -> APIError:
+    return bad_request(str(exc), param=exc.param, code=exc.code)
 
 
 async def until_done_or_disconnect(work: Awaitable[T], receive: Receive) -> T | None:

@@ -38,6 +38,27 @@ async def test_stream_grows_token_by_token_and_matches_offline(engine, tiny_llam
     assert again.token_ids == seen[-1]
 
 
+async def test_delta_outputs_add_up_to_the_cumulative_ones(engine):
+    """`output_kind="delta"`: each output holds only what is new (text, tokens, logprobs),
+    n samples included, and together they are the cumulative answer."""
+    prompt = random_prompts(1, seed=23)[0]
+    params = dict(temperature=0.8, seed=5, n=2, max_tokens=10, ignore_eos=True, logprobs=2)
+    cumulative = [o async for o in engine.generate(prompt, SamplingParams(**params))][-1]
+    text, tokens, logprobs = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
+    steps = 0
+    async for out in engine.generate(prompt, SamplingParams(**params, output_kind="delta")):
+        steps += 1
+        for c in out.outputs:
+            assert len(c.token_ids) <= 1  # one new token per sample per step, never a copy
+            text[c.index] += c.text
+            tokens[c.index] += c.token_ids
+            logprobs[c.index] += c.logprobs
+    assert steps >= 10
+    for c in cumulative.outputs:
+        assert (text[c.index], tokens[c.index]) == (c.text, c.token_ids)
+        assert [e.token_id for e in logprobs[c.index]] == c.token_ids
+
+
 async def test_concurrent_streams_are_batched_and_all_finish(engine):
     prompts = random_prompts(4, seed=22)
 

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)]
@@ -370,3 +377,51 @@ class CompletionRequest(_Sampling):
 
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
+
+
+class RequestError(ValueError):
+    """A body that is not a valid request, with OpenAI's `param` and `code` for the 400."""
+
+    def __init__(self, message: str, *, param: str | None, code: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+def parse_request(raw: bytes, *, chat: bool) -> OpenAIRequest:
+    """A chat or completions body, checked strictly; RequestError names the field at fault."""
+    model = ChatCompletionRequest if chat else CompletionRequest
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise request_error(exc) from None
+
+
+def request_error(exc: ValidationError) -> RequestError:
+    """pydantic's first complaint, worded for the client, naming the field."""
+    first = exc.errors(include_url=False)[0]
+    if first["type"] in ("json_invalid", "json_type"):
+        return RequestError("We could not parse the JSON body of your request: "
+                            f"{first['msg']}.", param=None, code="invalid_json")
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, FieldError):
+        return RequestError(f"Invalid value for '{cause.param}': {cause}.", param=cause.param,
+                            code="invalid_value")
+    loc = [str(p) for p in first["loc"] if not _is_type_tag(str(p))]
+    param = ".".join(loc[:4])
+    if first["type"] == "missing":
+        return RequestError(f"Missing required parameter: '{param}'.", param=param,
+                            code="missing_required_parameter")
+    if first["type"] == "model_type" and not loc:
+        return RequestError("The request body must be a JSON object.", param=None,
+                            code="invalid_type")
+    return RequestError(f"Invalid value for '{param}': {first['msg']}.", param=param or None,
+                        code="invalid_value")
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
+def _is_type_tag(part: str) -> bool:
+    """pydantic puts union branch names ('str', 'list[int]', ...) in error locations."""
+    return part in _TYPE_TAGS or "[" in part or part.startswith(("function-", "constrained-"))

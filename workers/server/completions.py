@@ -23,7 +23,7 @@ from workers.engine.sampling_params import InvalidRequestError
 from workers.llm_engine import EngineOverloadedError
 from workers.protocol.events import Event, started
 from workers.protocol.render import sse
-from workers.server.http import error, json_body
+from workers.server.http import error, request_body
 from workers.server.state import WorkerState
 
 DISCONNECT_POLL_S = 0.25
@@ -47,7 +47,7 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     state.in_flight += 1
     streaming = False
     try:
-        body = await json_body(request)
+        body = await request_body(request, chat=chat)
         call = _prepare(state, body, chat=chat)
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         if body.get("stream"):

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse
 
 from workers.engine.sampling_params import InvalidRequestError
 from workers.openai_protocol import error_body
+from workers.protocol.requests import RequestError, parse_request
 
 MAX_BODY_BYTES = 4 << 20
 
@@ -25,6 +26,29 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidRequestError("body must be a JSON object")
     return body
+
+
+# What a worker takes besides OpenAI's fields: the gateway's prefix-cache namespace and the name
+# the response gives the model (see workers/server/completions.py).
+WORKER_FIELDS = frozenset({"cache_salt", "response_model"})
+
+
+async def request_body(request: Request, *, chat: bool) -> dict[str, Any]:
+    """The body checked with the gateway's own request models (workers.protocol.requests):
+    the same 400 for the same mistake, and a field the engine does not know is refused by
+    name rather than ignored."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise InvalidRequestError("request body too large")
+    try:
+        parsed = parse_request(raw, chat=chat)
+    except RequestError as exc:
+        raise InvalidRequestError(str(exc), param=exc.param, code=exc.code) from None
+    for name in parsed.extra_fields():
+        if name not in WORKER_FIELDS:
+            raise InvalidRequestError(f"Unrecognized request argument supplied: {name}",
+                                      param=name, code="unsupported_parameter")
+    return parsed.upstream_body()
 
 
 def error(status: int, message: str, *, code: str | None = None, param: str | None = None,

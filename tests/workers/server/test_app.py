@@ -118,6 +118,23 @@ def test_bad_input_is_a_clear_4xx(client):
     assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_bodies_are_checked_by_the_gateways_own_models(client):
+    """The same request models as the gateway: a wrong type names its field, and a field
+    the engine does not take is refused by name, never ignored."""
+    resp = complete(client, temperature="hot")
+    assert resp.status_code == 400
+    assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == (
+        "temperature", "invalid_value")
+    resp = complete(client, vendor_knob=1)
+    assert resp.status_code == 400
+    assert (resp.json()["error"]["param"], resp.json()["error"]["code"]) == (
+        "vendor_knob", "unsupported_parameter")
+    resp = client.post("/v1/chat/completions", headers=AUTH, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x", "colour": "red"}]})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages.0.colour"
+    assert complete(client, cache_salt="tenant-a").status_code == 200
+
+
 def test_adapters_load_hot_serve_replace_and_unload(client, adapter, expected, tmp_path):
     load = {"lora_name": "t1/a", "lora_path": str(adapter), "adapter_id": "id-1"}
     assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
