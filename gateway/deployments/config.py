@@ -67,6 +67,10 @@ class DeploymentConfig(BaseModel):
     weight: Annotated[int, Field(ge=1, le=1000)] = 1  # share among equally good deployments
     max_concurrency: Annotated[int, Field(ge=1)] | None = None  # in flight, per replica
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    # HTTP upstreams: ask for a stream even when the client wants a whole answer (folded
+    # here), so the answer's first event ends the routing deadline and a long answer is never
+    # cut by it. Remote workers always do.
+    stream_whole_answers: bool = False
     # Prefix-cache KV is private to each tenant unless an admin shares it on purpose (say, a
     # deployment whose public system prompt every tenant sends).
     shared_prefix_cache: bool = False

@@ -47,13 +47,14 @@ class HttpDeployment(Deployment):
         if secret:
             self._headers["authorization"] = f"Bearer {secret}"
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
+        self.streams_whole = self.streams_whole or config.stream_whole_answers
 
     def prepare(self, request: OpenAIRequest, *, chat: bool, tenant_id: str,
                 adapter: AdapterRef | None = None) -> Call:
         return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
-    # Ask for a stream even for a whole answer (then folded): a worker of ours shows progress
-    # only while streaming, and its first event ends the routing deadline.
+    # Ask for a stream even for a whole answer (then folded): an upstream shows progress only
+    # while streaming, and the first event ends the routing deadline.
     streams_whole = False
 
     async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:

@@ -131,6 +131,8 @@ def upstreams(base_url: str) -> list[dict[str, Any]]:
          "upstream_model": "openai/up-model", **common},
         {"name": "plain", "model_name": "no-extras", "provider": "openai",
          "upstream_model": "up-model", "base_url": base_url},
+        {"name": "folding", "model_name": "via-stream", "provider": "openai",
+         "upstream_model": "up-model", "stream_whole_answers": True, **common},
     ]
 
 
@@ -211,6 +213,21 @@ async def test_streamed_tool_call_deltas_come_back_as_sent(world, model):
     assert [c.choices[0].finish_reason for c in got if c.choices][-1] == "tool_calls"
     assert got[-1].usage.completion_tokens == 17
     assert world.recorder.bodies[-1]["tools"] == [WEATHER]
+    records = (await world.usage())["data"]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(31, 17)]
+
+
+async def test_a_whole_answer_asked_as_a_stream_is_folded_back_whole(world):
+    """`stream_whole_answers`: the upstream streams (its first event ends the routing
+    deadline), the client gets the one response the events add up to."""
+    reply = await world.client.chat.completions.create(
+        model="via-stream", messages=CONVERSATION, tools=[WEATHER], logprobs=False)
+    seen = world.recorder.bodies[-1]
+    assert seen["stream"] is True and seen["stream_options"] == {"include_usage": True}
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.model_dump() for c in choice.message.tool_calls] == CALLS
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (31, 17)
     records = (await world.usage())["data"]
     assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(31, 17)]
 
