@@ -69,7 +69,7 @@ class Transport(asyncio.Transport):
 def make_app(body_guard: bool) -> Any:
     async def app(scope: Any, receive: Any, send: Any) -> None:
         if body_guard:
-            receive = BodyGuard(receive, 4 << 20)
+            receive = BodyGuard(receive, 4 << 20, 30.0)
         more = True
         while more:
             message = await receive()

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.auth_throttle import AuthThrottle, FailureThrottle
+from gateway.body_guard import BodyRefused
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
@@ -58,7 +59,9 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
         free=settings.auth_failures_free, max_s=settings.auth_backoff_max_s,
         max_sources=settings.auth_throttle_max_sources))
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes,
-                       max_upload_bytes=settings.max_adapter_upload_bytes)
+                       body_timeout_s=settings.body_read_timeout_s,
+                       max_upload_bytes=settings.max_adapter_upload_bytes,
+                       upload_timeout_s=settings.adapter_upload_read_timeout_s)
     _add_error_handlers(app)
     return app
 
@@ -86,6 +89,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
+        if isinstance(exc, BodyRefused):  # 413 or 408 while the body was being received
+            return exc.response()
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = "body_too_large" if exc.status_code == 413 else None
         return JSONResponse(error_body(str(exc.detail), type_, code),

@@ -65,6 +65,11 @@ def too_large(limit: int) -> APIError:
     return APIError(413, f"Request body is larger than {limit} bytes.", code="body_too_large")
 
 
+def body_timeout(timeout_s: float) -> APIError:
+    return APIError(408, f"The request body did not arrive within {timeout_s:g} seconds.",
+                    code="body_timeout")
+
+
 def unavailable(message: str, *, code: str = "overloaded") -> APIError:
     return APIError(503, message, type_="server_error", code=code)
 

@@ -13,6 +13,10 @@ end. This subclass adds, per connection:
   (what httptools keeps of a header it has not finished parsing);
 - a connection cap: a connection past it gets 503 at once and is closed, before any of its
   bytes are read.
+
+It also offers each request the `CLOSE_CONNECTION` ASGI extension (`gateway.body_guard`): the
+middleware cuts a response whose request body came too late, which plain ASGI can only do by
+raising (logged by uvicorn as an application error).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.body_guard import CLOSE_CONNECTION
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +112,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._raw_head_bytes = 0
         super().on_headers_complete()
+        self.scope["extensions"] = {CLOSE_CONNECTION: self._close_connection}
 
     def on_body(self, body: bytes) -> None:
         if not self._refused:
@@ -117,6 +124,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._raw_head_bytes = 0
         if not self._refused:
             super().on_message_complete()
+
+    def _close_connection(self) -> None:
+        """Close the connection, its latest request ending as a client disconnect does (its
+        app reads `http.disconnect`, its sends are dropped, nothing is logged). Only that
+        request can ask: one whose body is unfinished has no request pipelined after it."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def _head_size(self) -> int:
         """The parsed head: request line and header lines, as sent."""

@@ -8,8 +8,11 @@ tracing is on, a SERVER span that continues the caller's `traceparent`; it ends 
 
 Bodies are limited on every route: announced as too large, they are refused with 413 before
 they are read; otherwise the bytes actually received are counted as they stream in
-(`gateway.body_guard`), before any parser sees them. Adapter uploads have their own, larger
-limit. A client that leaves mid-body is logged at debug level as a 499, never as a 500.
+(`gateway.body_guard`), before any parser sees them, and the whole body must arrive within a
+timeout from the head (408). Adapter uploads have their own, larger limit and timeout. A
+client that leaves mid-body is logged at debug level as a 499, never as a 500. An answer
+given before the body has all been read closes the connection: otherwise a client could
+hold it forever by dribbling a body nobody reads.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import uuid
 from opentelemetry.trace import Tracer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.body_guard import BodyGuard, BodyTooLarge, too_large_response
+from gateway.body_guard import (
+    CLOSE_CONNECTION,
+    BodyGuard,
+    BodyRefused,
+    BodyTimedOut,
+    too_large_response,
+)
 from gateway.errors import APIError
 from gateway.observability.logs import current_request, request_log
 from gateway.observability.tracing import REQUEST_ID
@@ -35,11 +44,14 @@ UPLOAD_SUFFIX = "/adapters/upload"  # admin and tenant adapter uploads
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int,
-                 max_upload_bytes: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
+                 max_upload_bytes: int | None = None,
+                 upload_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes or max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.upload_timeout_s = upload_timeout_s or body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -47,9 +59,13 @@ class GatewayMiddleware:
             return
         started = time.perf_counter()
         length = b""
+        chunked = False
         for name, value in scope["headers"]:
             if name == b"content-length":
                 length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        has_body = chunked or length.strip(b"0") != b""
         # Always our own: it is the usage record's unique key, which a caller must not pick.
         request_id = uuid.uuid4().hex.encode()
         state = scope.setdefault("state", {})
@@ -57,18 +73,27 @@ class GatewayMiddleware:
         state["upstream_s"] = 0.0
         status = 0
         path: str = scope.get("path", "")
-        limit = self.max_upload_bytes if path.endswith(UPLOAD_SUFFIX) else self.max_body_bytes
-        body = BodyGuard(receive, limit)
+        upload = path.endswith(UPLOAD_SUFFIX)
+        limit = self.max_upload_bytes if upload else self.max_body_bytes
+        body = BodyGuard(receive, limit, self.upload_timeout_s if upload else self.body_timeout_s)
+        finished = False  # the response's last byte was sent
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal status
+            nonlocal status, finished
             if message["type"] == "http.response.start":
                 status = 499 if body.disconnected else message["status"]
+                body.response_started = True
                 overhead_ms = (time.perf_counter() - started - state["upstream_s"]) * 1000
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id))
                 headers.append((b"x-gateway-overhead-ms", b"%.3f" % max(0.0, overhead_ms)))
+                if has_body and not body.complete and all(n != b"connection" for n, _ in headers):
+                    headers.append((b"connection", b"close"))  # the rest of the body is unread
                 message = {**message, "headers": headers}
+            elif body.cut:  # the body came too late: the rest is dropped, the connection closed
+                return
+            elif message["type"] == "http.response.body":
+                finished = not message.get("more_body", False)
             await send(message)
 
         traced = is_traced(path)
@@ -81,25 +106,37 @@ class GatewayMiddleware:
                     await too_large_response(limit)(scope, receive, send)
                     return
                 await self.app(scope, receive, send)
-            except BodyTooLarge:  # the app's handler answers it; this is a safety net
+            except BodyRefused as exc:  # the app's handler answers it; this is a safety net
                 if status:
                     raise
-                await too_large_response(limit)(scope, receive, send)
+                await exc.response()(scope, receive, send)
             except Exception as exc:
-                if body.disconnected:  # whatever broke, it broke because the client left
+                if body.timed_out:  # whatever broke, it broke on the late body (logged below)
+                    if not status:
+                        await BodyTimedOut(body.timeout_s).response()(scope, receive, send)
+                elif body.disconnected:  # whatever broke, it broke because the client left
                     status = 499
                     logger.debug("client disconnected mid-body on %s %s (%s)",
                                  scope.get("method"), path, type(exc).__name__)
                     return
-                error = exc  # the app answers 500; its ids are here only
-                logger.exception("unhandled error on %s %s", scope.get("method"), path)
-                raise
+                else:
+                    error = exc  # the app answers 500; its ids are here only
+                    logger.exception("unhandled error on %s %s", scope.get("method"), path)
+                    raise
             except BaseException as exc:  # cancelled: the client left (499)
                 error = exc
                 raise
             finally:  # inside the request span, so the line carries its trace id
+                if body.timed_out:
+                    _body_timed_out(scope, body)
                 if traced:
                     _log_request(scope, status, time.perf_counter() - started, error)
+            if body.cut:
+                close = scope.get("extensions", {}).get(CLOSE_CONNECTION)
+                if close is not None:
+                    close()
+                elif not finished:  # a server without the extension closes on an exception
+                    raise ConnectionAbortedError("request body timed out mid-response")
 
         tracer = _tracer(scope) if traced else None
         with request_log(state["request_id"]):
@@ -108,6 +145,13 @@ class GatewayMiddleware:
             else:
                 await serve_traced(tracer, scope, body, send_with_headers, serve,
                                    attributes={REQUEST_ID: state["request_id"]})
+
+
+def _body_timed_out(scope: Scope, body: BodyGuard) -> None:
+    """The one line for a late body: a 408, or a response cut short by closing."""
+    logger.info("request body not received within %gs on %s %s (%d bytes arrived): %s",
+                body.timeout_s, scope.get("method"), scope.get("path"), body.received,
+                "response cut, connection closed" if body.cut else "408, connection closed")
 
 
 def _tracer(scope: Scope) -> Tracer | None:

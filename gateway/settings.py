@@ -73,6 +73,10 @@ class Settings(BaseSettings):
 
     # Request handling. Every limit below is listed in docs/security.md.
     max_body_bytes: int = 4 << 20  # counted on the bytes received, whatever the framing
+    # The whole body must arrive within this after the request head, else 408 and the
+    # connection is closed; adapter uploads (up to max_adapter_upload_bytes) get their own.
+    body_read_timeout_s: float = 30.0
+    adapter_upload_read_timeout_s: float = 600.0
     # The HTTP server (`switchboard serve`; docs/security.md says why uvicorn is the default).
     # Bound to anything but loopback, /metrics requires `metrics_token`.
     host: str = "127.0.0.1"

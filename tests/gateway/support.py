@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -15,12 +16,14 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import httpx
+import uvicorn
 import yaml
 from aiohttp import web
 from fastapi import FastAPI
 
 from bench.mock_upstream import MockServerThread
 from gateway.app import create_app
+from gateway.server import uvicorn_config
 from gateway.settings import Settings
 from tenancy import service
 from tenancy.db import make_engine, make_sessionmaker
@@ -279,3 +282,62 @@ async def loopback_upstream(handler: Any, paths: tuple[str, ...] = (
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         await runner.cleanup()
+
+
+# --- Raw sockets against the gateway served live on loopback (limits tests) --------------
+
+WAIT_S = 10.0  # the most any socket read waits in these tests
+
+
+@contextmanager
+def live(cfg: Settings, app: Any = None) -> Iterator[int]:
+    """`app` (the gateway of `cfg` by default) served by uvicorn with `gateway.server`'s
+    limits, in a thread; its port."""
+    port = free_port()
+    config = uvicorn_config(app or create_app(cfg), cfg, host="127.0.0.1", port=port)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    sock.settimeout(WAIT_S)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes (a read timeout fails the test)."""
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def send_quietly(sock: socket.socket, data: bytes) -> bool:
+    """False once the server has closed the connection."""
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
