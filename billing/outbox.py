@@ -16,6 +16,10 @@ may deliver a record twice: the database write is idempotent on `request_id`.
 New segments are created under a dot name, locked, then renamed, so no starting process can
 claim a segment between its creation and its lock. Use a local filesystem (flock on NFS is
 not dependable). One event loop per outbox: it is not thread-safe.
+
+The records name tenants and what they spent, so the outbox keeps them owner-only: segments
+are 0600, and the directory (with any parent the outbox has to create) 0700. A directory
+that already exists keeps its mode: an operator may have shared it on purpose.
 """
 
 from __future__ import annotations
@@ -125,7 +129,7 @@ class Outbox:
     def claim_leftovers(self) -> list[Segment]:
         """Lock the segments no live process holds (left by dead ones) and return them, oldest
         first; `discard` each once its records are in the database."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.directory)
         own = self._prefix or "\0"
         claimed = []
         for path in sorted(self.directory.glob(_PATTERN), key=_mtime):
@@ -226,7 +230,7 @@ class Outbox:
             self._prefix = f"usage-{os.getpid()}-{secrets.token_hex(4)}"
         name = f"{self._prefix}-{self._seq:06d}.jsonl"
         self._seq += 1
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _private_dir(self.directory)
         new = self.directory / f"{_NEW}{name}"
         fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC,
                      0o600)
@@ -274,6 +278,19 @@ class Outbox:
                 fd = _lock_existing(path)
                 if fd is not None:
                     _delete(Segment(path, fd))
+
+
+def _private_dir(directory: Path) -> None:
+    """Create `directory` and its missing parents owner-only (`mkdir -p` would make the
+    parents 0755 whatever the mode asked)."""
+    missing = []
+    path = directory
+    while not path.exists() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for path in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another replica made it meanwhile
+            path.mkdir(mode=0o700)
 
 
 def _write_all(fd: int, data: bytes) -> None:

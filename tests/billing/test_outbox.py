@@ -7,12 +7,16 @@ import errno
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+
+import pytest
 
 from billing import outbox as outbox_module
 from billing.outbox import Outbox, Segment
@@ -52,6 +56,46 @@ def test_round_trip_keeps_types(tmp_path):
     assert isinstance(back[0]["created_at"], datetime)
     assert back[0]["created_at"].utcoffset() == timedelta(0)
     assert files(tmp_path) == []  # replayed segments are deleted
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """A umask that would leave new files and folders readable by all: the modes asserted
+    below must then come from the outbox itself."""
+    previous = os.umask(0o002)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("first", ["append", "claim_leftovers"])
+def test_the_outbox_is_owner_only_however_it_is_created(tmp_path, open_umask, first):
+    configured = tmp_path / "state" / "outbox"  # neither exists yet
+    box = Outbox(configured / "0123abcd")  # a folder per database, as the gateway lays it out
+    if first == "claim_leftovers":  # the meter's start, before any record
+        assert box.claim_leftovers() == []
+    assert box.append(record("a")) is not None
+    made = [tmp_path / "state", configured, configured / "0123abcd"]
+    assert [mode(p) for p in made] == [0o700] * 3
+    segments = list(box.directory.iterdir())
+    assert len(segments) == 1 and mode(segments[0]) == 0o600
+    box.close()
+
+
+def test_an_existing_outbox_folder_keeps_its_mode(tmp_path, open_umask):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o750)  # an operator's choice
+    box = Outbox(shared)
+    assert box.append(record("a")) is not None
+    assert mode(shared) == 0o750
+    assert {mode(p) for p in shared.iterdir()} == {0o600}
+    box.close()
 
 
 def test_rotates_by_records_and_bytes(tmp_path):
