@@ -1,5 +1,5 @@
 """What every admitted request keeps until it is settled: its clock, the deployments it was
-tried on, and the call whose usage is billed. Completions (`request_path.Ticket`) and
+tried on, and the call whose usage is billed. Completions (`gateway.ticket.Ticket`) and
 embeddings (`embeddings_path.EmbeddingBill`) settle differently; this part they share."""
 
 from __future__ import annotations

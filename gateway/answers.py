@@ -1,0 +1,136 @@
+"""How an answer leaves the gateway: whole, streamed, or from the response cache.
+
+Each renders the deployment's events (or the stored answer's) with the one renderer
+(`workers.protocol.render`), settles the ticket before the last byte leaves, and keeps a whole
+answer in the cache in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import Response, StreamingResponse
+
+from gateway.response_cache import CacheUse, Hit, cacheable, fresh
+from gateway.ticket import Ticket
+from workers.protocol.events import Event, Failed, aclose
+from workers.protocol.render import DONE, Fold, StreamRenderer, events_of_response, replay
+from workers.protocol.requests import ChatCompletionRequest
+
+prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, str]
+          ) -> Response:
+    response = fold.response()
+    ticket.close("ok")
+    keep(ticket, use, response)
+    if ticket.gw.settings.log_prompts:
+        log_completion(response)
+    return Response(_json(response), media_type="application/json", headers=headers)
+
+
+def streamed(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | None,
+             headers: dict[str, str]) -> StreamingResponse:
+    return StreamingResponse(_relay(ticket, events, use), media_type="text/event-stream",
+                             headers={**SSE_HEADERS, **headers})
+
+
+async def _relay(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | None
+                 ) -> AsyncIterator[bytes]:
+    """The events as SSE. The usage is recorded before the last byte goes out; leaving early
+    (the client is gone) closes `events`, which aborts the upstream."""
+    status = "aborted"
+    request = ticket.call.request
+    chat = isinstance(request, ChatCompletionRequest)
+    renderer = StreamRenderer(chat=chat, include_usage=request.include_usage)
+    log_prompts = ticket.gw.settings.log_prompts
+    fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts else None
+    broken = False
+    try:
+        async for event in events:
+            if fold is not None:
+                fold.add(event)
+            raw = renderer.render(event)
+            if raw:
+                yield raw
+            if isinstance(event, Failed):
+                broken = True
+                break
+        status = "ok" if ticket.call.usage.finished and not broken else "error"
+        ticket.close(status)
+        if not broken:
+            yield DONE
+    finally:
+        try:
+            await aclose(events)  # aborts the upstream if the client left
+        finally:
+            ticket.close(status)
+    if fold is not None and status == "ok" and fold.complete:
+        response = fold.response()
+        if log_prompts:
+            log_completion(response)
+        keep(ticket, use, response)
+
+
+def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, str], *,
+               stream: bool) -> Response:
+    """A stored answer under this request's id, billed as wholly cached."""
+    request = ticket.call.request
+    body = fresh(hit, response_id=response_id, model=request.model)
+    usage = body.get("usage") or {}
+    metered = ticket.call.usage
+    metered.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    metered.completion_tokens = int(usage.get("completion_tokens") or 0)
+    metered.cached_tokens = metered.prompt_tokens
+    # The whole prompt was served from cache, and is metered so.
+    body["usage"] = {**usage, "prompt_tokens_details": {"cached_tokens": metered.prompt_tokens}}
+    metered.finished = True
+    ticket.cache_hit = hit.kind
+    headers = {**headers, "x-cache": "hit", "x-cache-kind": hit.kind}
+    if hit.similarity is not None:
+        headers["x-cache-similarity"] = f"{hit.similarity:.4f}"
+    if stream:
+        chat = isinstance(request, ChatCompletionRequest)
+        chunks = replay(events_of_response(body, chat=chat), chat=chat,
+                        include_usage=request.include_usage)
+        return StreamingResponse(_replayed(ticket, chunks), media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers})
+    ticket.close("ok")
+    return Response(_json(body), media_type="application/json", headers=headers)
+
+
+async def _replayed(ticket: Ticket, chunks: list[bytes]) -> AsyncIterator[bytes]:
+    try:
+        for chunk in chunks:
+            if chunk is chunks[-1]:
+                ticket.close("ok")  # recorded before the last event goes out
+            yield chunk
+    finally:
+        ticket.close("aborted")
+
+
+def keep(ticket: Ticket, use: CacheUse | None, response: dict[str, Any]) -> None:
+    """Store a whole answer in the response cache, in the background, with the usage billed."""
+    if use is None or not use.store or not cacheable(response):
+        return
+    usage = ticket.call.usage
+    response["usage"] = {"prompt_tokens": usage.prompt_tokens,
+                         "completion_tokens": usage.completion_tokens,
+                         "total_tokens": usage.prompt_tokens + usage.completion_tokens}
+    ticket.gw.spawn(ticket.gw.cache.store(use, response))
+
+
+def log_completion(response: dict[str, Any]) -> None:
+    """The answer's text, for `log_prompts` only."""
+    choices = [c.get("message", {}).get("content") if "message" in c else c.get("text")
+               for c in response.get("choices") or []]
+    prompt_log.info("completion", extra={"completion": choices})
+
+
+def _json(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
