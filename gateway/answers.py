@@ -119,10 +119,10 @@ def keep(ticket: Ticket, use: CacheUse | None, response: dict[str, Any]) -> None
     if use is None or not use.store or not cacheable(response):
         return
     usage = ticket.call.usage
-    response["usage"] = {"prompt_tokens": usage.prompt_tokens,
-                         "completion_tokens": usage.completion_tokens,
-                         "total_tokens": usage.prompt_tokens + usage.completion_tokens}
-    ticket.gw.spawn(ticket.gw.cache.store(use, response))
+    stored = {**response, "usage": {  # a copy: `response` may still be on its way out
+        "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens}}
+    ticket.gw.spawn(ticket.gw.cache.store(use, stored))
 
 
 def log_completion(response: dict[str, Any]) -> None:
