@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -293,11 +293,7 @@ def usage_of(value: Any) -> Usage | None:
 def events_of_response(obj: dict[str, Any], *, chat: bool) -> list[Event]:
     """A non-streamed response as the events whose fold it is."""
     events: list[Event] = [opened_of(obj)]
-    for position, choice in enumerate(obj.get("choices") or []):
-        if not isinstance(choice, dict):
-            continue
-        index = _int(choice.get("index", position))
-        logprobs = choice.get("logprobs")
+    for index, choice, logprobs in _choices(obj):
         if chat:
             message = choice.get("message") or {}
             content = message.get("content")
@@ -328,11 +324,7 @@ def events_of_chunk(obj: dict[str, Any], *, chat: bool) -> list[Event]:
         return [Failed(502, str(error.get("message") or "upstream error"),
                        str(error.get("code") or "upstream_error"))]
     events: list[Event] = []
-    for position, choice in enumerate(obj.get("choices") or []):
-        if not isinstance(choice, dict):
-            continue
-        index = _int(choice.get("index", position))
-        logprobs = choice.get("logprobs")
+    for index, choice, logprobs in _choices(obj):
         if chat:
             events += _delta_events(index, choice.get("delta") or {}, logprobs)
         elif isinstance(choice.get("text"), str) or logprobs is not None:
@@ -343,6 +335,13 @@ def events_of_chunk(obj: dict[str, Any], *, chat: bool) -> list[Event]:
     if usage is not None:
         events.append(usage)
     return events
+
+
+def _choices(obj: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any], Any]]:
+    """Each choice object with its index and logprobs (anything else in the list skipped)."""
+    for position, choice in enumerate(obj.get("choices") or []):
+        if isinstance(choice, dict):
+            yield _int(choice.get("index", position)), choice, choice.get("logprobs")
 
 
 def _delta_events(index: int, delta: dict[str, Any], logprobs: Any) -> list[Event]:
