@@ -13,7 +13,10 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
   serve them all with one call that reads the pool in place: `triton` on CUDA
   (`triton_decode`), `cpu` on CPU (`cpu_decode`, a C kernel).
 - A prefill chunk that starts at position 0 attends only to its own fresh K/V: causal SDPA,
-  nothing read from the pool. A later chunk gathers its context and uses an explicit mask.
+  nothing read from the pool. A later chunk gathers its cached context. With the `flash`
+  prefill kernel (the default on CPU) it attends to that context and to its own K/V in two
+  fused calls merged by log-sum-exp (`flash_prefill`); with `masked` (the fallback) it gathers
+  its own positions too and hands SDPA an explicit causal mask.
 
 Grouped-query attention folds the query heads of a KV head into the query length, so K and V
 are never repeated.
@@ -26,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from workers.runner.flash_prefill import cached_chunk_attention
 
 
 @dataclass
@@ -50,12 +55,18 @@ class DecodeBatch:
 
 @dataclass
 class PrefillChunk:
-    """A run of query rows of one sequence: rows [q_start, q_start + q_len)."""
+    """A run of query rows of one sequence: rows [q_start, q_start + q_len).
+
+    A chunk at 0 reads nothing from the pool (`pieces` None). A later one reads the pieces of
+    its context: with a `mask` (the masked kernel) every position up to its last token, else
+    (the flash kernel) only the `cached` positions before it.
+    """
 
     q_start: int
     q_len: int
     pieces: torch.Tensor | None  # [kv_heads * blocks] of the context; None for a chunk at 0
-    mask: torch.Tensor | None  # [group * q_len, context] additive; None for a chunk at 0
+    mask: torch.Tensor | None  # masked kernel only: [group * q_len, context] additive
+    cached: int = 0  # the chunk's start position: context tokens computed before it
 
 
 class GatherWorkspace:
@@ -92,6 +103,9 @@ class AttentionMetadata:
     workspace: GatherWorkspace | None = None  # None: a fresh one for this call
 
 
+# How prefill chunks after cached context are served (attention_backend.pick_prefill_attention).
+PREFILL_KERNELS = ("flash", "masked")
+
 # Decode rows are grouped by context length; a group never holds more rows than this, so
 # short contexts are not padded to the longest one in the batch.
 DECODE_GROUP_ROWS = 16
@@ -100,12 +114,12 @@ DECODE_GROUP_ROWS = 16
 def build_metadata(
     seqs: list[tuple[int, int, list[int]]], block_size: int, num_kv_heads: int, group: int,
     device: torch.device, dtype: torch.dtype = torch.float32, *, decode_kernel: str | None = None,
-    workspace: GatherWorkspace | None = None,
+    prefill_kernel: str = "masked", workspace: GatherWorkspace | None = None,
 ) -> AttentionMetadata:
     """seqs: (start_pos, q_len, block_table) in batch order, decodes (q_len 1) first, sorted
     by context length. Index tensors are built on the CPU and moved once. With a
     `decode_kernel` ("triton" or "cpu"), decode rows get one `DecodeBatch` for it instead of
-    SDPA groups.
+    SDPA groups. `prefill_kernel` ("flash" or "masked") serves chunks after cached context.
 
     Masks are additive (0 / -inf) in the model dtype: SDPA is faster with them than with
     boolean masks on CPU.
@@ -134,15 +148,21 @@ def build_metadata(
                 mask=_additive(visible[:, None, None, :], dtype).to(device, non_blocking=True),
             )
         )
+    if prefill_kernel not in PREFILL_KERNELS:
+        raise ValueError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
     prefills, q_start = [], num_decodes
     for start, q_len, table in seqs[num_decodes:]:
         if start == 0:
             prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
+        elif prefill_kernel == "flash":
+            blocks = torch.tensor([table[: -(-start // bs)]], dtype=torch.long)
+            pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
+            prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None, cached=start))
         else:
             blocks = torch.tensor([table[: -(-(start + q_len) // bs)]], dtype=torch.long)
             pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
             mask = _additive(causal_mask(start, q_len, group, device), dtype)
-            prefills.append(PrefillChunk(q_start, q_len, pieces, mask))
+            prefills.append(PrefillChunk(q_start, q_len, pieces, mask, cached=start))
         q_start += q_len
     slot = torch.tensor(slots, dtype=torch.long)
     write_rows = ((slot // bs * num_kv_heads * bs + slot % bs)[:, None]
@@ -227,9 +247,14 @@ def paged_attention(
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
             parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
+            continue
+        ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
+        if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
+            kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
+            ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
+            ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
+            parts.append(cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows], scale))
         else:
-            assert chunk.mask is not None
-            ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -1,7 +1,9 @@
-"""Which decode-attention backend a runner uses: an in-place kernel where one fits.
+"""Which attention kernels a runner uses: for decode rows, an in-place kernel where one
+fits; for prefill chunks after cached context, a fused kernel where one fits.
 
-`auto` picks the Triton kernel on CUDA and the C kernel on CPU (docs/engine.md, "Attention");
-an explicit choice that cannot run is refused by name rather than silently replaced.
+`auto` picks the Triton kernel on CUDA and the C kernel on CPU for decodes, and the flash
+split for prefills on CPU (docs/engine.md, "Attention"); an explicit choice that cannot run
+is refused by name rather than silently replaced.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import os
 
 import torch
 
-from workers.runner import cpu_decode
+from workers.runner import cpu_decode, flash_prefill
+from workers.runner.attention import PREFILL_KERNELS
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
+PREFILL_ATTENTION = ("auto", *PREFILL_KERNELS)
 
 
 def pick_attention_backend(
@@ -55,3 +59,21 @@ def pick_attention_backend(
         raise ValueError("attention_backend 'triton' needs a CUDA device "
                          "(or TRITON_INTERPRET=1, for tests)")
     return "triton"
+
+
+def pick_prefill_attention(name: str, device: torch.device) -> str:
+    """How a prefill chunk after cached context attends: `flash` (two fused-kernel calls
+    merged by log-sum-exp, `flash_prefill`) or `masked` (one SDPA call with an explicit
+    causal mask over the gathered context; on CPU, SDPA's unfused math path).
+
+    `auto` is `flash` where it runs (CPU, with the kernel in this torch), else `masked`. On
+    CUDA nothing faster has been measured yet, so it keeps `masked` there.
+    """
+    if name not in PREFILL_ATTENTION:
+        raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}")
+    if name == "auto":
+        return "flash" if flash_prefill.fits(device) else "masked"
+    if name == "flash" and not flash_prefill.fits(device):
+        raise ValueError("prefill_attention 'flash' needs a CPU device and torch's "
+                         "_scaled_dot_product_flash_attention_for_cpu")
+    return name

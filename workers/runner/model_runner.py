@@ -20,7 +20,7 @@ from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
-from workers.runner.attention_backend import pick_attention_backend
+from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
@@ -42,6 +42,7 @@ class RunnerConfig:
     max_lora_rank: int = 16
     attention_backend: str = "auto"
     linear_backend: str = "auto"
+    prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -65,6 +66,7 @@ class ModelRunner:
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
         *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
         attention_backend: str = "torch", linear_backend: str = "torch",
+        prefill_attention: str = "masked",
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -82,6 +84,7 @@ class ModelRunner:
         self.lora_slots = lora_slots
         self.attention_backend = attention_backend
         self.linear_backend = linear_backend  # what the model's projections already use
+        self.prefill_attention = prefill_attention  # read per step: may be switched between
         self.workspace = GatherWorkspace()
 
     @classmethod
@@ -103,6 +106,7 @@ class ModelRunner:
             config.attention_backend, config.device, config.block_size, head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype)
+        prefill = pick_prefill_attention(config.prefill_attention, config.device)
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,
@@ -129,7 +133,8 @@ class ModelRunner:
         )
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
                    lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
-                   attention_backend=backend, linear_backend=linear_backend)
+                   attention_backend=backend, linear_backend=linear_backend,
+                   prefill_attention=prefill)
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
@@ -179,7 +184,7 @@ class ModelRunner:
             [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
             self.block_size, self.num_kv_heads, self.group, self.device, self.dtype,
             decode_kernel=None if self.attention_backend == "torch" else self.attention_backend,
-            workspace=self.workspace,
+            prefill_kernel=self.prefill_attention, workspace=self.workspace,
         )
         device = self.device
         return (

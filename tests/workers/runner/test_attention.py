@@ -170,3 +170,69 @@ def test_cuda_bfloat16_attention_close_to_reference(backend):
     out = run(*(t.to(dev, bf16) for t in (q, k, v, k_cache, v_cache)), batch, group, dev,
               backend=backend)
     torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+def run_prefill(q, k, v, k_cache, v_cache, batch, group, kernel, head_dim=8):
+    meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, CPU, q.dtype,
+                          decode_kernel="cpu", prefill_kernel=kernel)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    return paged_attention(q, k, v, k_cache, v_cache, meta, head_dim**-0.5, BLOCK), meta
+
+
+PREFILL_BATCHES = [
+    pytest.param([(9, 6)], id="one-chunk-after-context"),
+    pytest.param([(4, 4), (13, 2), (0, 5), (30, 11)], id="several-chunks-one-batch"),
+    pytest.param([(7, 1), (21, 1), (3, 9), (0, 3), (40, 17)], id="with-decodes"),
+    pytest.param([(3, 2), (5, 30)], id="context-in-a-partial-block"),
+]
+
+
+@pytest.mark.parametrize("seqs", PREFILL_BATCHES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (3, 3), (8, 1)])
+def test_flash_prefill_equals_reference_and_masked(seqs, num_heads, num_kv_heads):
+    """Chunks after cached context: the flash split against the per-head reference and the
+    masked path, with grouped-query heads (group 3, none, 8) and several sequences per batch."""
+    q, k, v, k_cache, v_cache, batch, group = build(seqs, num_heads, num_kv_heads)
+    flash, meta = run_prefill(q, k, v, k_cache.clone(), v_cache.clone(), batch, group, "flash")
+    masked, _ = run_prefill(q, k, v, k_cache.clone(), v_cache.clone(), batch, group, "masked")
+    assert all(p.mask is None for p in meta.prefills)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
+    torch.testing.assert_close(flash, ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(flash, masked, rtol=1e-5, atol=1e-5)
+
+
+def test_flash_prefill_reads_only_the_cached_blocks_and_builds_no_mask():
+    # context 9 = blocks 0-2 of the table (the last one partly), the chunk's 6 tokens follow
+    batch = [(9, 6, [5, 8, 2, 7])]
+    flash = build_metadata(batch, BLOCK, 2, 3, CPU, prefill_kernel="flash").prefills[0]
+    assert (flash.cached, flash.mask) == (9, None)
+    assert flash.pieces.tolist() == [10, 16, 4, 11, 17, 5]  # (block * 2 + head), head-major
+    masked = build_metadata(batch, BLOCK, 2, 3, CPU, prefill_kernel="masked").prefills[0]
+    assert masked.mask.shape == (3 * 6, 15) and masked.pieces.numel() == 2 * 4
+
+
+def test_unknown_prefill_kernel_is_refused():
+    with pytest.raises(ValueError, match="prefill_kernel must be one of flash, masked"):
+        build_metadata([(4, 3, [1, 2])], BLOCK, 2, 1, CPU, prefill_kernel="math")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_prefill_in_half_precision_is_close_to_the_float32_reference(dtype):
+    q, k, v, k_cache, v_cache, batch, group = build([(4, 4), (30, 11)])
+    half = (t.to(dtype) for t in (q, k, v, k_cache, v_cache))
+    out, meta = run_prefill(*half, batch, group, "flash")
+    assert out.dtype == dtype
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_flash_prefill_of_a_long_context_stays_exact():
+    """Hundreds of cached positions: a merge that mis-weighs the two halves shows here."""
+    q, k, v, k_cache, v_cache, batch, group = build([(397, 23), (0, 16)], head_dim=16)
+    out, meta = run_prefill(q, k, v, k_cache.clone(), v_cache.clone(), batch, group, "flash",
+                            head_dim=16)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 16**-0.5)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.runner import cpu_decode
-from workers.runner.attention_backend import pick_attention_backend
+from workers.runner import cpu_decode, flash_prefill
+from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -59,3 +59,26 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(ValueError, match="needs a CUDA device"):
         pick_attention_backend("triton", CPU, 16, 64)
+
+
+def test_prefill_attention_is_flash_on_cpu_and_masked_elsewhere():
+    assert pick_prefill_attention("auto", CPU) == "flash"
+    assert pick_prefill_attention("auto", CUDA) == "masked"
+    assert pick_prefill_attention("masked", CPU) == "masked"
+    assert pick_prefill_attention("flash", CPU) == "flash"
+
+
+def test_prefill_attention_without_the_fused_kernel_is_masked_or_refused(monkeypatch):
+    monkeypatch.setattr(flash_prefill, "_FLASH", None)
+    assert pick_prefill_attention("auto", CPU) == "masked"
+    with pytest.raises(ValueError, match="_scaled_dot_product_flash_attention_for_cpu"):
+        pick_prefill_attention("flash", CPU)
+
+
+@pytest.mark.parametrize(("name", "device", "match"), [
+    ("flash", CUDA, "needs a CPU device"),
+    ("math", CPU, "must be one of auto, flash, masked"),
+])
+def test_impossible_prefill_attention_is_refused(name, device, match):
+    with pytest.raises(ValueError, match=match):
+        pick_prefill_attention(name, device)
