@@ -1022,11 +1022,13 @@ def _default_threads(args: argparse.Namespace) -> int:
 
 
 def default_results_path(args: argparse.Namespace, standard: bool) -> Path:
-    """bench/results/engine_throughput-<cpu|cuda>[-model][-smoke].json: smoke runs never
-    overwrite the standard numbers."""
+    """bench/results/engine_throughput-<cpu|cuda>[-model][-vllm_cpu][-smoke].json: smoke runs
+    never overwrite the standard numbers, nor runs with vLLM the ones without."""
     name = "engine_throughput-" + ("cuda" if args.device.startswith("cuda") else "cpu")
     if args.model_config != "smollm2":
         name += f"-{args.model_config}"
+    if "vllm_cpu" in parse_systems(args.systems):
+        name += "-vllm_cpu"
     if not standard:
         name += "-smoke"
     return ROOT / "bench" / "results" / f"{name}.json"

@@ -172,3 +172,11 @@ def test_agreement_with_the_engine_counts_whole_outputs() -> None:
     assert online["engine_agreement"] == 1.0
     assert vllm["engine_agreement_reference"] == "engine/offline"
     assert "engine_agreement" not in engine
+
+
+def test_runs_with_vllm_write_their_own_results_file() -> None:
+    args = et.parse_args(["--systems", "engine,vllm_cpu", "--device", "cpu"])
+    assert et.default_results_path(args, True).name == "engine_throughput-cpu-vllm_cpu.json"
+    assert et.default_results_path(args, False).name == "engine_throughput-cpu-vllm_cpu-smoke.json"
+    plain = et.parse_args(["--device", "cpu"])
+    assert et.default_results_path(plain, True).name == "engine_throughput-cpu.json"
