@@ -86,9 +86,13 @@ def test_bad_requests_get_openai_shaped_4xx(server, client):
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     bad = httpx.post(f"{server}/v1/completions", content=b"\xff\xfe")
     assert bad.status_code == 400
-    bad = httpx.post(f"{server}/v1/completions", json={"prompt": "x", "max_tokens": "many"})
-    assert bad.status_code == 400
-    bad = httpx.post(f"{server}/v1/completions", json={"prompt": "x", "max_tokens": 10**9})
+    bad = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                       "max_tokens": "many"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    bad = httpx.post(f"{server}/v1/completions", json={"prompt": "x"})  # as OpenAI: required
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "model"
+    bad = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                       "max_tokens": 900_000})
     assert bad.status_code == 400 and "context length" in bad.json()["error"]["message"]
 
 
