@@ -1,5 +1,5 @@
-"""The prefill kernels through the whole engine: each gives HF's greedy tokens where chunks
-attend to cached context (a small step budget, prefix-cache hits)."""
+"""The CPU prefill kernels through the whole engine: each gives HF's greedy tokens where
+chunks attend to cached context (a small step budget, prefix-cache hits)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def prompts_and_reference(tiny_llama_path):
 @pytest.mark.parametrize("kernel", ["flash", "masked"])
 def test_chunks_after_cached_context_match_hf(tiny_llama_path, prompts_and_reference, kernel):
     prompts, expected = prompts_and_reference
-    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24)
+    llm = LLM(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20,
+              max_num_batched_tokens=24)
     assert llm.engine.runner.prefill_attention == "flash"  # auto, on CPU
     llm.engine.runner.prefill_attention = kernel
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
