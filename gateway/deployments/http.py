@@ -98,7 +98,11 @@ class HttpDeployment(Deployment):
             if line.strip():
                 lines.append(line)
                 continue
-            payload = b"\n".join(raw[5:].strip() for raw in lines if raw.startswith(b"data:"))
+            if len(lines) == 1:  # the usual event: one `data:` line
+                payload = lines[0][5:].strip() if lines[0].startswith(b"data:") else b""
+            else:
+                payload = b"\n".join(raw[5:].strip() for raw in lines
+                                      if raw.startswith(b"data:"))
             lines = []
             if not payload:
                 continue

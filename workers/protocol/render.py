@@ -31,9 +31,13 @@ _HEAD = ("id", "object", "created", "model", "choices", "usage")
 _MESSAGE_TYPED = ("role", "content", "tool_calls")
 
 
+# One encoder for every event: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def data(obj: dict[str, Any]) -> bytes:
     """One SSE event."""
-    return b"data: " + json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n\n"
+    return b"data: " + _encode(obj).encode() + b"\n\n"
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -62,6 +66,8 @@ class StreamRenderer:
         self.include_usage = include_usage
         self._head: dict[str, Any] = {"id": None, "object": self._object, "created": None,
                                       "model": None}
+        self._prefix = b""  # the head as written before every chunk's choices
+        self._suffix = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
         self._started: set[int] = set()
 
     @property
@@ -73,6 +79,7 @@ class StreamRenderer:
         if isinstance(event, Opened):
             self._head = {"id": event.id, "object": self._object, "created": event.created,
                           "model": event.model, **(event.extra or {})}
+            self._prefix = b""
             return b""
         if isinstance(event, Usage):
             if not self.include_usage:
@@ -83,10 +90,10 @@ class StreamRenderer:
         return self._chunk(self._choice(event))
 
     def _chunk(self, choice: dict[str, Any]) -> bytes:
-        body = {**self._head, "choices": [choice]}
-        if self.include_usage:
-            body["usage"] = None
-        return data(body)
+        """`{head, "choices": [choice], "usage": null}`, with the head written once."""
+        if not self._prefix:
+            self._prefix = b"data: " + _encode(self._head)[:-1].encode() + b',"choices":['
+        return self._prefix + _encode(choice).encode() + self._suffix
 
     def _choice(self, event: TextDelta | ToolCallDelta | OtherDelta | Finished
                 ) -> dict[str, Any]:
