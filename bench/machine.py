@@ -16,6 +16,22 @@ def cpu_model() -> str:
     return "unknown"
 
 
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "amx_tile", "amx_bf16")
+
+
+def simd_flags() -> list[str]:
+    """Which of the vector extensions that decide CPU kernel paths this CPU reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                present = set(line.split(":", 1)[1].split())
+                return [f for f in SIMD_FLAGS if f in present]
+    except OSError:
+        pass
+    return []
+
+
 def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:
     """Memory bandwidth in bytes/s from a large tensor copy (read + write both count).
 
