@@ -15,8 +15,9 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
+from gateway.routing.fallback import Started
 from gateway.ticket import Ticket
-from workers.protocol.events import Event, Failed, aclose
+from workers.protocol.events import Failed, aclose
 from workers.protocol.render import DONE, Fold, StreamRenderer, events_of_response, replay
 from workers.protocol.requests import ChatCompletionRequest
 
@@ -34,16 +35,16 @@ def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, s
     return Response(_json(response), media_type="application/json", headers=headers)
 
 
-def streamed(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | None,
-             headers: dict[str, str]) -> StreamingResponse:
-    return StreamingResponse(_relay(ticket, events, use), media_type="text/event-stream",
+def streamed(ticket: Ticket, answer: Started, use: CacheUse | None, headers: dict[str, str]
+             ) -> StreamingResponse:
+    return StreamingResponse(_relay(ticket, answer, use), media_type="text/event-stream",
                              headers={**SSE_HEADERS, **headers})
 
 
-async def _relay(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | None
+async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None
                  ) -> AsyncIterator[bytes]:
     """The events as SSE. The usage is recorded before the last byte goes out; leaving early
-    (the client is gone) closes `events`, which aborts the upstream."""
+    (the client is gone) closes the events, which aborts the upstream."""
     status = "aborted"
     request = ticket.call.request
     chat = isinstance(request, ChatCompletionRequest)
@@ -51,8 +52,10 @@ async def _relay(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | N
     log_prompts = ticket.gw.settings.log_prompts
     fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts else None
     broken = False
+    events = answer.rest
     try:
-        async for event in events:
+        event = answer.first
+        while True:
             if fold is not None:
                 fold.add(event)
             raw = renderer.render(event)
@@ -60,6 +63,10 @@ async def _relay(ticket: Ticket, events: AsyncIterator[Event], use: CacheUse | N
                 yield raw
             if isinstance(event, Failed):
                 broken = True
+                break
+            try:
+                event = await anext(events)
+            except StopAsyncIteration:
                 break
         status = "ok" if ticket.call.usage.finished and not broken else "error"
         ticket.close(status)

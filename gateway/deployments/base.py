@@ -15,7 +15,7 @@ from typing import Any
 from gateway.deployments.config import DeploymentConfig, Price
 from gateway.errors import APIError, bad_request, model_not_found
 from workers.client import Usage
-from workers.protocol.events import Event, Failed, aclose
+from workers.protocol.events import Event, Failed
 from workers.protocol.render import fold
 from workers.protocol.requests import OpenAIRequest
 
@@ -155,30 +155,17 @@ class Deployment(ABC):
     async def complete(self, call: Call, *, request_id: str) -> dict[str, Any]:
         """The whole response, folded from `open` (the router folds its own, to try another
         deployment on a failure midway)."""
-        events = timed(call, self.open(call, request_id=request_id))
-        return (await fold(events, chat=call.chat)).response()
+        started = time.perf_counter()
+        try:
+            return (await fold(self.open(call, request_id=request_id), chat=call.chat)
+                    ).response()
+        finally:
+            call.upstream_s += time.perf_counter() - started
 
 
 def failed(error: APIError | UpstreamFailure) -> Failed:
     """A failure after the first event, as the event that ends the answer."""
     return Failed(error.status, error.message, error.code or "upstream_error")
-
-
-async def timed(call: Call, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
-    """`events`, adding the time spent waiting on them to `call.upstream_s` (not the time the
-    consumer spends between them)."""
-    try:
-        while True:
-            started = time.perf_counter()
-            try:
-                event = await anext(events)
-            except StopAsyncIteration:
-                return
-            finally:
-                call.upstream_s += time.perf_counter() - started
-            yield event
-    finally:
-        await aclose(events)
 
 
 def estimated_prompt_tokens(request: OpenAIRequest, *, chat: bool) -> int:

@@ -58,73 +58,53 @@ class HttpDeployment(Deployment):
     streams_whole = False
 
     async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        """The upstream's JSON or SSE read into events once, as it arrives (one generator, no
+        layers: this runs per event of every stream)."""
         stream = bool(call.request.stream) or self.streams_whole
         body = self._body(call, stream=stream)
+        usage = call.usage
         sent = False
         try:
             async with self._post(body, call.chat, request_id) as resp:
                 await check_response(resp)
-                events = (self._stream_events(resp, call) if stream
-                          else self._response_events(await resp.read(), call))
-                async for event in events:
-                    sent = True
-                    yield event
+                if not stream:
+                    for event in _response_events(await resp.read(), call):
+                        usage.observe(event)
+                        sent = True
+                        yield event
+                    usage.finished = True
+                    return
+                opened = False
+                lines: list[bytes] = []
+                async for line in resp.content:
+                    if line.strip():
+                        lines.append(line)
+                        continue
+                    chunk = _chunk_of(lines)
+                    lines = []
+                    if chunk is None:
+                        continue
+                    if chunk is _DONE:
+                        usage.finished = True
+                        return
+                    if not isinstance(chunk, dict):
+                        yield Failed(502, "upstream sent an invalid event", "upstream_error")
+                        return
+                    if not opened and "error" not in chunk:
+                        opened = sent = True
+                        yield opened_of(chunk)
+                    for event in events_of_chunk(chunk, chat=call.chat):
+                        usage.observe(event)
+                        sent = True
+                        yield event
+                        if isinstance(event, Failed):
+                            return
+                yield Failed(502, "the upstream ended the stream early", "upstream_error")
         except (TimeoutError, aiohttp.ClientError) as exc:
             failure = upstream_failure(exc)
             if not sent:
                 raise failure from None  # nothing reached the client: the router may retry
             yield failed(failure)  # events are out, so no retry; the usage so far is billed
-
-    @staticmethod
-    async def _response_events(raw: bytes, call: Call) -> AsyncIterator[Event]:
-        try:
-            response = json.loads(raw)
-        except ValueError:
-            response = None
-        if not isinstance(response, dict):
-            raise UpstreamFailure(502, "upstream sent an invalid JSON response")
-        for event in events_of_response(response, chat=call.chat):
-            call.usage.observe(event)
-            yield event
-        call.usage.finished = True
-
-    @staticmethod
-    async def _stream_events(resp: aiohttp.ClientResponse, call: Call
-                             ) -> AsyncIterator[Event]:
-        """Each SSE event parsed once, as it arrives."""
-        opened = False
-        lines: list[bytes] = []
-        async for line in resp.content:
-            if line.strip():
-                lines.append(line)
-                continue
-            if len(lines) == 1:  # the usual event: one `data:` line
-                payload = lines[0][5:].strip() if lines[0].startswith(b"data:") else b""
-            else:
-                payload = b"\n".join(raw[5:].strip() for raw in lines
-                                      if raw.startswith(b"data:"))
-            lines = []
-            if not payload:
-                continue
-            if payload == b"[DONE]":
-                call.usage.finished = True
-                return
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                chunk = None
-            if not isinstance(chunk, dict):
-                yield Failed(502, "upstream sent an invalid event", "upstream_error")
-                return
-            if not opened and "error" not in chunk:
-                opened = True
-                yield opened_of(chunk)
-            for event in events_of_chunk(chunk, chat=call.chat):
-                call.usage.observe(event)
-                yield event
-                if isinstance(event, Failed):
-                    return
-        yield Failed(502, "the upstream ended the stream early", "upstream_error")
 
     def upstream_fields(self, call: Call) -> dict[str, Any]:
         """What this upstream is told besides the caller's fields: the model it serves."""
@@ -186,3 +166,33 @@ def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
     code = error.get("code")
     return (message[:2000] if isinstance(message, str) else None,
             code if isinstance(code, str) else None)
+
+
+_DONE = object()
+
+
+def _chunk_of(lines: list[bytes]) -> Any:
+    """One SSE event's JSON: a dict, `_DONE` for [DONE], None for an event with no data,
+    anything else for data that is not a JSON object."""
+    if len(lines) == 1:  # the usual event: one `data:` line
+        payload = lines[0][5:].strip() if lines[0].startswith(b"data:") else b""
+    else:
+        payload = b"\n".join(raw[5:].strip() for raw in lines if raw.startswith(b"data:"))
+    if not payload:
+        return None
+    if payload == b"[DONE]":
+        return _DONE
+    try:
+        return json.loads(payload)
+    except ValueError:
+        return payload
+
+
+def _response_events(raw: bytes, call: Call) -> list[Event]:
+    try:
+        response = json.loads(raw)
+    except ValueError:
+        response = None
+    if not isinstance(response, dict):
+        raise UpstreamFailure(502, "upstream sent an invalid JSON response")
+    return events_of_response(response, chat=call.chat)

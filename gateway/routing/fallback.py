@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared, timed
+from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
-from workers.protocol.events import Event, Failed, aclose, prepend
+from workers.protocol.events import Event, Failed, aclose
 from workers.protocol.render import Fold, fold
 
 if TYPE_CHECKING:
@@ -30,12 +30,12 @@ CONTEXT_CODE = "context_length_exceeded"
 
 @dataclass
 class Served:
-    """The deployment that answered, its call, and the answer: folded whole, or a stream of
-    events whose first has already arrived."""
+    """The deployment that answered, its call, and the answer: folded whole, or a stream
+    whose first event has already arrived."""
 
     deployment: Deployment
     call: Call
-    result: Fold | AsyncIterator[Event] | Any  # what `serve`'s `run` gave (embeddings: bytes)
+    result: Fold | Started | Any  # what `serve`'s `run` gave (embeddings: bytes)
     attempts: int
     release: Callable[[], None] = field(repr=False, default=lambda: None)
 
@@ -161,11 +161,21 @@ class Attempt(Protocol):
                        request_id: str, answering: Callable[[], None]) -> Any: ...
 
 
+@dataclass
+class Started:
+    """A streamed answer whose first event is in hand, and the rest of its events."""
+
+    first: Event
+    rest: AsyncIterator[Event]
+
+
 async def answer(deployment: Deployment, call: Call, *, stream: bool, request_id: str,
-                 answering: Callable[[], None]) -> Fold | AsyncIterator[Event]:
+                 answering: Callable[[], None]) -> Fold | Started:
     """Open the answer and wait for its first event; a whole answer is folded here too, so
-    a failure midway can still go to the next deployment (no byte has gone out)."""
-    events = timed(call, deployment.open(call, request_id=request_id))
+    a failure midway can still go to the next deployment (no byte has gone out). The time
+    spent waiting on the upstream is added to `call.upstream_s`."""
+    events = deployment.open(call, request_id=request_id)
+    started = time.perf_counter()
     try:
         first = await anext(events)
     except StopAsyncIteration:
@@ -174,14 +184,21 @@ async def answer(deployment: Deployment, call: Call, *, stream: bool, request_id
     except BaseException:
         await aclose(events)
         raise
+    finally:
+        call.upstream_s += time.perf_counter() - started
     if isinstance(first, Failed):
         await aclose(events)
         raise _failure(first)
     answering()
-    answer = prepend(first, events)
     if stream:
-        return answer
-    whole = await fold(answer, chat=call.chat)
+        return Started(first, events)
+    whole = Fold(chat=call.chat)
+    whole.add(first)
+    started = time.perf_counter()
+    try:
+        await fold(events, into=whole)
+    finally:
+        call.upstream_s += time.perf_counter() - started
     if whole.failed is not None:
         raise _failure(whole.failed)
     if not whole.complete:

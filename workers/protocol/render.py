@@ -243,9 +243,11 @@ class Fold:
         return response
 
 
-async def fold(events: AsyncIterator[Event], *, chat: bool) -> Fold:
-    """Read `events` to the end (closing them however it ends) into their fold."""
-    folded = Fold(chat=chat)
+async def fold(events: AsyncIterator[Event], *, chat: bool = False, into: Fold | None = None
+               ) -> Fold:
+    """Read `events` to the end (closing them however it ends) into their fold (`into`, or a
+    new one)."""
+    folded = into if into is not None else Fold(chat=chat)
     try:
         async for event in events:
             folded.add(event)
