@@ -104,8 +104,8 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"),
                         default="hermes", help="how tool calls are read out of the model's text")
     worker.add_argument("--long-prefill-token-threshold", type=int, default=512,
-                        help="prompt tokens one request may prefill per step while others "
-                             "wait (0: no cap)")
+                        help="the most prompt tokens one request may prefill per step "
+                             "(0: no cap)")
     worker.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=True)
     worker.add_argument("--max-loras", type=int, default=4)
     worker.add_argument("--max-lora-rank", type=int, default=16)
@@ -113,6 +113,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--attention-backend", choices=("auto", "torch", "triton", "cpu"),
                         default="auto",
                         help="decode attention (auto: Triton on CUDA, the C kernel on CPU)")
+    worker.add_argument("--prefill-attention", choices=("auto", "flash", "masked"),
+                        default="auto", help="prompt chunks after cached context (auto: "
+                                             "flash on CPU)")
     worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn"),
                         default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
     worker.add_argument("--worker-id", default=None, help="default: host:port")
@@ -139,7 +142,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
-        linear_backend=args.linear_backend,
+        prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
     )
     scheme = "https" if args.ssl_certfile else "http"
     advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"

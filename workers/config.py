@@ -17,7 +17,7 @@ class EngineArgs:
     kv_cache_fraction: float | None = None
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 1024
-    # Prompt tokens one request may prefill per step while others wait (0: no cap); see
+    # The most prompt tokens one request may prefill per step (0: no cap); see
     # SchedulerConfig and docs/engine.md.
     long_prefill_token_threshold: int = 512
     max_model_len: int | None = None
@@ -28,6 +28,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
+    prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
     linear_backend: str = "auto"  # auto | torch | onednn (projections' GEMM; auto on CPU)
 
     @classmethod

@@ -134,15 +134,17 @@ class LLMEngine:
                 max_loras=args.max_loras if args.enable_lora else 0,
                 max_lora_rank=args.max_lora_rank,
                 attention_backend=args.attention_backend,
+                prefill_attention=args.prefill_attention,
                 linear_backend=args.linear_backend,
             ),
             hf_config,
             eos,
         )
         logger.info(
-            "engine ready: %s on %s, %d KV tokens, max_model_len %d, %s attention, %s linear",
-            folder.name, device, runner.num_blocks * args.block_size, runner.max_model_len,
-            runner.attention_backend, runner.linear_backend,
+            "engine ready: %s on %s, %d KV tokens, max_model_len %d, %s attention (%s prefill), "
+            "%s linear", folder.name, device, runner.num_blocks * args.block_size,
+            runner.max_model_len, runner.attention_backend, runner.prefill_attention,
+            runner.linear_backend,
         )
         return cls(
             args, tokenizer, runner, runner.max_model_len, runner.num_blocks, eos,

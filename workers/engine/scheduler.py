@@ -69,10 +69,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_waiting: int = 4096
     max_loras: int = 0  # distinct adapters among running requests; 0 = LoRA off
-    # The most prompt tokens one request may prefill in a step while another request is
-    # waiting or running (0: no cap). A long prompt then advances in chunks of this size and
-    # the others are served beside it instead of after it; alone, it takes the whole budget.
-    # While requests wait, running prefills together leave this much of the budget to them.
+    # The most prompt tokens one request may prefill in a step (0: no cap), alone or not (as
+    # vLLM's): a long prompt advances in chunks of this size, so no step is longer than one
+    # chunk and a request that arrives meanwhile waits at most that, then is served beside
+    # it. While requests wait, running prefills together leave this much of the budget to
+    # them.
     long_prefill_token_threshold: int = 0
 
 
@@ -106,8 +107,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget),
-                                   others=len(self.running) > 1 or bool(self.waiting))
+            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new > 1:  # a prefill chunk: within what is left of the prefill room
                 num_new = min(num_new, max(prefill_room, 0))
                 prefill_room -= num_new
@@ -138,8 +138,7 @@ class Scheduler:
                 cached = self.block_manager.match_prefix(seq)
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = cached
-            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget),
-                                   others=bool(self.running) or len(self.waiting) > 1)
+            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
                 break
@@ -153,10 +152,10 @@ class Scheduler:
             self.waiting.push(seq)
         return out
 
-    def _capped(self, num_new: int, *, others: bool) -> int:
-        """A prompt chunk cut to `long_prefill_token_threshold` when others want the step."""
+    def _capped(self, num_new: int) -> int:
+        """A prompt chunk cut to `long_prefill_token_threshold`."""
         cap = self.config.long_prefill_token_threshold
-        return min(num_new, cap) if cap > 0 and others else num_new
+        return min(num_new, cap) if cap > 0 else num_new
 
     def active_loras(self) -> set[int]:
         """Adapters of running requests: they hold device slots."""

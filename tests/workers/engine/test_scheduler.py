@@ -214,23 +214,29 @@ def capped_scheduler(budget: int = 32, cap: int = 8) -> Scheduler:
     return make_scheduler(budget=budget, cap=cap)
 
 
-def test_a_long_prompt_alone_takes_the_whole_budget():
+def test_a_long_prompt_alone_is_capped_too():
+    """No step is longer than one capped chunk, so a request arriving during it waits at
+    most that long."""
     sched = capped_scheduler()
     long = make_seq(40)
     sched.add(long)
     out = sched.schedule()
     assert [(ch.seq_id, ch.start_pos, ch.num_tokens) for ch in out.chunks] == [
-        (long.seq_id, 0, 32)]
+        (long.seq_id, 0, 8)]
+    out = sched.schedule()
+    assert [(ch.seq_id, ch.start_pos, ch.num_tokens) for ch in out.chunks] == [
+        (long.seq_id, 8, 8)]
 
 
 def test_a_long_prompt_is_capped_while_a_short_one_waits_and_both_advance():
     sched = capped_scheduler()
     long, short = make_seq(40), make_seq(3)
     sched.add(long)
-    sched.schedule()  # alone: 32 tokens
+    for _ in range(4):  # alone: capped chunks, 32 tokens in four steps
+        sched.schedule()
     sched.add(short)
     out = sched.schedule()
-    # long gets the cap, not the whole budget, and short is admitted in the same step
+    # long gets the cap, and short is admitted in the same step
     assert [(ch.seq_id, ch.start_pos, ch.num_tokens, ch.num_samples) for ch in out.chunks] == [
         (long.seq_id, 32, 8, 1), (short.seq_id, 0, 3, 1)]
     assert (long.block_table, short.block_table) == ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [10])

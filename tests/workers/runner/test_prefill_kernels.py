@@ -27,11 +27,15 @@ def prompts_and_reference(tiny_llama_path):
 def test_chunks_after_cached_context_match_hf(tiny_llama_path, prompts_and_reference, kernel):
     prompts, expected = prompts_and_reference
     llm = LLM(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20,
-              max_num_batched_tokens=24)
-    assert llm.engine.runner.prefill_attention == "flash"  # auto, on CPU
-    llm.engine.runner.prefill_attention = kernel
+              max_num_batched_tokens=24, prefill_attention=kernel)
+    assert llm.engine.runner.prefill_attention == kernel
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     first = llm.generate(prompts[:1], params)  # warms the cache for the shared prefix
     rest = llm.generate(prompts[1:], params)
     assert [o.token_ids for o in first + rest] == expected
     assert all(o.num_cached_tokens >= 32 for o in rest)
+
+
+def test_auto_picks_the_flash_split_on_cpu(tiny_llama_path):
+    llm = LLM(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20)
+    assert llm.engine.runner.prefill_attention == "flash"
