@@ -133,6 +133,11 @@ class AsyncLLMEngine:
             if not finished:
                 self._push(("abort", request_id))
 
+    def stop_sample(self, request_id: str, index: int, stop_reason: str | None = None) -> None:
+        """End one sample between steps (see LLMEngine.stop_sample); nothing to wait for."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._push(("call", (lambda e: e.stop_sample(request_id, index, stop_reason), future)))
+
     async def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
         self._push(("abort", request_id))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.async_engine import AsyncLLMEngine
+from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.outputs import RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.sequence import RequestMetrics
@@ -119,7 +120,8 @@ class EmbeddedClient:
         `cache_salt` is the prefix-cache namespace (the gateway passes the tenant); `lora` the
         engine's name of a registered adapter, and `model` what responses call the model."""
         params = sampling_params(body, chat=chat)
-        params.output_kind = "delta"  # the output processor takes only what is new
+        params.output_kind = "delta"  # the output processor takes only what is new,
+        params.detokenize = False  # and detokenizes it, stop strings included
         tools = tool_plan(body) if chat else ToolPlan("none")
         _constrain_tool_calls(params, tools)
         prompt = _prompt(body, chat=chat, tokenizer=self.engine.tokenizer, tools=tools)
@@ -146,6 +148,8 @@ class EmbeddedClient:
             async for out in outputs:
                 for event in processor.process(out):
                     yield event
+                if processor.done:
+                    break  # a stop string ended the last choice: leaving aborts the request
             call.usage.finished = True
             usage = call.usage
             yield UsageEvent(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
@@ -181,16 +185,32 @@ class EmbeddedClient:
         }
 
 
+@dataclass
+class _ChoiceState:
+    tools: ChoiceProcessor
+    text: IncrementalDetokenizer
+    sent: int = 0  # characters of the text already handed on
+    done: bool = False
+
+
 class OutputProcessor:
-    """Engine outputs (deltas) -> events, outside the engine step: tool-call parsing and
-    logprobs per choice, usage counted as tokens arrive (vLLM v1's OutputProcessor shape)."""
+    """Engine outputs (token deltas) -> events, outside the engine step (vLLM v1's
+    OutputProcessor): detokenizing and stop strings, tool-call parsing and logprobs per
+    choice, usage counted as tokens arrive. A choice that meets a stop string ends here; its
+    sample is stopped in the engine (or the whole request is, once every choice has ended)."""
 
     def __init__(self, call: PreparedCall, client: EmbeddedClient, request_id: str) -> None:
         self.call = call
         self.client = client
         self.request_id = request_id
-        self._choices: dict[int, ChoiceProcessor] = {}
+        self._choices: dict[int, _ChoiceState] = {}
         self._opened = False
+
+    @property
+    def done(self) -> bool:
+        """Every choice has ended (the engine request may still be live: close it)."""
+        n = self.call.request.params.n
+        return len(self._choices) == n and all(c.done for c in self._choices.values())
 
     def process(self, out: RequestOutput) -> list[Event]:
         call = self.call
@@ -203,23 +223,51 @@ class OutputProcessor:
         usage.prompt_tokens = len(out.prompt_token_ids)
         usage.cached_tokens = out.num_cached_tokens
         for c in out.outputs:
-            usage.completion_tokens += len(c.token_ids)
-            processor = self._choices.get(c.index)
-            if processor is None:
-                processor = self._choices[c.index] = ChoiceProcessor(
-                    c.index, call.tools, self.client.tool_call_parser)
-            deltas: list[Event] = list(processor.feed(c.text))
+            state = self._state(c.index)
+            if state.done:
+                continue  # stopped here; the engine may not have heard yet
+            kept = 0
+            stopped = False
+            for token in c.token_ids:
+                kept += 1
+                if state.text.append(token):
+                    stopped = True
+                    break
+            usage.completion_tokens += kept
+            reason = "stop" if stopped else c.finish_reason
+            if reason is not None and not stopped:
+                state.text.flush()
+            text = state.text.text[state.sent:]
+            state.sent = len(state.text.text)
+            deltas: list[Event] = list(state.tools.feed(text))
             if c.logprobs:
-                logprobs = self.client.logprobs(c.logprobs, call.chat)
+                logprobs = self.client.logprobs(c.logprobs[:kept], call.chat)
                 if deltas and isinstance(deltas[0], TextDelta):
                     deltas[0] = TextDelta(c.index, deltas[0].text, logprobs)
                 else:
                     deltas.insert(0, TextDelta(c.index, "", logprobs))
             events += deltas
-            if c.finish_reason is not None:
-                last, reason = processor.finish(c.finish_reason)
+            if reason is not None:
+                state.done = True
+                last, reason = state.tools.finish(reason)
                 events += [*last, Finished(c.index, reason)]
+                if stopped and not self.done and c.finish_reason is None:
+                    self.client.engine.stop_sample(self.request_id, c.index,
+                                                   state.text.stop_reason)
         return events
+
+    def _state(self, index: int) -> _ChoiceState:
+        state = self._choices.get(index)
+        if state is None:
+            params = self.call.request.params
+            state = self._choices[index] = _ChoiceState(
+                ChoiceProcessor(index, self.call.tools, self.client.tool_call_parser),
+                IncrementalDetokenizer(
+                    self.client.engine.tokenizer, self.call.request.prompt_token_ids,
+                    skip_special_tokens=params.skip_special_tokens,
+                    stop=list(params.stop or []),
+                    include_stop_str_in_output=params.include_stop_str_in_output))
+        return state
 
 
 FLOOR_LOGPROB = -9999.0  # what OpenAI reports for a token the model all but rules out

@@ -248,6 +248,19 @@ class LLMEngine:
         request.metrics.finished_time = time.monotonic()
         return self._output(request)
 
+    def stop_sample(self, request_id: str, index: int, stop_reason: str | None = None) -> None:
+        """End one sample of a live request as stopped (its caller matched a stop string in
+        the text); its blocks are freed at once, the request's other samples go on."""
+        request = self._requests.get(request_id)
+        if request is None or index >= len(request.samples):
+            return
+        sample = request.samples[index]
+        if sample.seq.is_finished:
+            return
+        sample.stop_reason = stop_reason
+        sample.seq.finish_reason = FinishReason.STOP
+        self.scheduler.finish(sample.seq)
+
     # ---- adapters -------------------------------------------------------------------------
 
     def add_lora(self, name: str, path: str, *, adapter: Any = None, pinned: bool = False) -> None:
@@ -439,7 +452,7 @@ class LLMEngine:
             sample.logprobs.append(logprob)
         params = seq.sampling_params
         grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
-        if sample.detokenizer.append(token):
+        if params.detokenize and sample.detokenizer.append(token):
             sample.stop_reason = sample.detokenizer.stop_reason
             reason = FinishReason.STOP
         elif grammar_done or (not params.ignore_eos and token in self.eos_token_ids):
@@ -453,7 +466,8 @@ class LLMEngine:
             reason = FinishReason.LENGTH
         else:
             return
-        sample.detokenizer.flush()
+        if params.detokenize:
+            sample.detokenizer.flush()
         seq.finish_reason = reason
         self.scheduler.finish(seq)
 

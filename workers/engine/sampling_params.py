@@ -47,6 +47,10 @@ class SamplingParams:
     # "delta": each output holds only what is new since the last one (a streaming caller's
     # shape: no cumulative copies per step); "cumulative": everything so far (LLM.generate).
     output_kind: str = "cumulative"
+    # False: outputs carry token ids only, and stop strings are the caller's to match (an
+    # output processor outside the engine step detokenizes, and stops the sample with
+    # `stop_sample`); EOS, stop token ids and max_tokens still end it here.
+    detokenize: bool = True
 
     MAX_LOGPROBS = 20
 
