@@ -134,9 +134,8 @@ class AsyncLLMEngine:
                 self._push(("abort", request_id))
 
     def stop_sample(self, request_id: str, index: int, stop_reason: str | None = None) -> None:
-        """End one sample between steps (see LLMEngine.stop_sample); nothing to wait for."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._push(("call", (lambda e: e.stop_sample(request_id, index, stop_reason), future)))
+        """End one sample between steps (see LLMEngine.stop_sample), like an abort."""
+        self._push(("stop", (request_id, index, stop_reason)))
 
     async def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
@@ -221,6 +220,8 @@ class AsyncLLMEngine:
                     refused.append(_Refused(request_id, exc))
             elif kind == "call":
                 self._apply_call(*payload)
+            elif kind == "stop":
+                engine.stop_sample(*payload)
             else:
                 engine.abort_request(payload)
         self._start_adapter_reads(engine)

@@ -32,7 +32,7 @@ from workers.protocol.events import (
     ToolCallDelta,
 )
 from workers.protocol.events import Usage as UsageEvent
-from workers.protocol.render import Fold
+from workers.protocol.render import fold
 from workers.tools.choice import ToolPlan, tool_plan
 from workers.tools.parsers import make_parser
 from workers.tools.processor import ChoiceProcessor
@@ -62,14 +62,6 @@ class Usage:
             self.reported = True
         elif isinstance(event, TextDelta | ToolCallDelta | OtherDelta) and not self.reported:
             self.completion_tokens += 1
-
-    def as_openai(self) -> dict[str, Any]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        }
 
 
 @dataclass
@@ -159,10 +151,7 @@ class EmbeddedClient:
 
     async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
         """The whole response: the fold of `events`."""
-        fold = Fold(chat=call.chat)
-        async for event in self.events(call, request_id=request_id):
-            fold.add(event)
-        return fold.response()
+        return (await fold(self.events(call, request_id=request_id), chat=call.chat)).response()
 
     def logprobs(self, entries: list[TokenLogprob], chat: bool) -> dict[str, Any]:
         tokenizer = self.engine.tokenizer

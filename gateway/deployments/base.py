@@ -6,7 +6,6 @@ non-streamed response is the fold of the events, rendered once by the gateway.""
 from __future__ import annotations
 
 import asyncio
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from gateway.deployments.config import DeploymentConfig, Price
 from gateway.errors import APIError, bad_request, model_not_found
 from workers.client import Usage
 from workers.protocol.events import Event, Failed
-from workers.protocol.render import fold
 from workers.protocol.requests import OpenAIRequest
 
 
@@ -151,16 +149,6 @@ class Deployment(ABC):
         the router to try elsewhere, APIError for the client); after it, the answer ends with
         `Failed`. `call.usage` is kept current as tokens arrive (what a cut answer costs), and
         the closing `Usage` event settles it. Closing the iterator early aborts the upstream."""
-
-    async def complete(self, call: Call, *, request_id: str) -> dict[str, Any]:
-        """The whole response, folded from `open` (the router folds its own, to try another
-        deployment on a failure midway)."""
-        started = time.perf_counter()
-        try:
-            return (await fold(self.open(call, request_id=request_id), chat=call.chat)
-                    ).response()
-        finally:
-            call.upstream_s += time.perf_counter() - started
 
 
 def failed(error: APIError | UpstreamFailure) -> Failed:

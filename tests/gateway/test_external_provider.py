@@ -30,6 +30,7 @@ from gateway.deployments.base import AdapterRef, Call, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.external import LiteLLMDeployment, load_litellm
 from gateway.errors import APIError
+from gateway.routing.fallback import answer
 from tests.gateway.support import (
     MockUpstream,
     assert_error,
@@ -43,7 +44,7 @@ from tests.gateway.support import (
     write_deployments,
 )
 from workers.protocol.events import TextDelta
-from workers.protocol.render import sse
+from workers.protocol.render import Fold, sse
 from workers.protocol.requests import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 # litellm's own deprecation noise, not ours.
@@ -149,6 +150,14 @@ async def events_of(d: LiteLLMDeployment, call: Call) -> list[bytes]:
                                  include_usage=call.request.include_usage)]
 
 
+async def whole(d: LiteLLMDeployment, call: Call, request_id: str) -> dict[str, Any]:
+    """A non-streamed answer as the router gets it: the first event, then the fold."""
+    folded = await answer(d, call, stream=False, request_id=request_id,
+                          answering=lambda: None)
+    assert isinstance(folded, Fold)
+    return folded.response()
+
+
 def parsed(events: list[bytes]) -> list[dict[str, Any]]:
     for e in events:
         assert e.startswith(b"data: ") and e.endswith(b"\n\n"), e
@@ -165,7 +174,7 @@ def stats(upstream: MockUpstream) -> dict[str, Any]:
 async def test_chat_completion(mock_upstream):
     d = deployment(mock_upstream.base_url)
     call = prepared(d, chat(max_tokens=3, temperature=0.5, seed=7))
-    body = await d.complete(call, request_id="req-1")
+    body = await whole(d, call, request_id="req-1")
     assert body["object"] == "chat.completion"
     assert body["model"] == "ext-model"  # the client's name, not the upstream's
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello from the"}
@@ -185,7 +194,7 @@ async def test_chat_completion(mock_upstream):
 async def test_text_completion(mock_upstream):
     d = deployment(mock_upstream.base_url)
     call = prepared(d, text(max_tokens=50))
-    body = await d.complete(call, request_id="req-2")
+    body = await whole(d, call, request_id="req-2")
     assert body["object"] == "text_completion" and body["model"] == "ext-model"
     assert body["choices"][0]["text"] == REPLY
     assert (call.usage.completion_tokens, call.usage.finished) == (5, True)
@@ -259,7 +268,7 @@ async def test_the_caller_cannot_redirect_or_rekey(keyed):
     smuggled = Smuggling.model_validate({"model": "ext-model", "messages": MESSAGES})
     for req in (request, smuggled):
         call = prepared(d, req)
-        body = await d.complete(call, request_id="req-3")
+        body = await whole(d, call, request_id="req-3")
         assert body["choices"][0]["message"]["content"] == REPLY  # the real upstream answered
         seen = keyed.last_request()
         assert seen["headers"]["authorization"] == f"Bearer {KEY}"
@@ -326,7 +335,7 @@ async def upstream_failure(d: LiteLLMDeployment, *, stream: bool) -> UpstreamFai
         if stream:
             await anext(d.open(call, request_id="req-f"))  # before the first chunk: raises
         else:
-            await d.complete(call, request_id="req-f")
+            await whole(d, call, request_id="req-f")
     return err.value
 
 
@@ -385,7 +394,7 @@ async def test_upstream_context_error_lets_the_router_fall_back(scripted, stream
         if stream:
             await anext(d.open(call, request_id="req-c"))
         else:
-            await d.complete(call, request_id="req-c")
+            await whole(d, call, request_id="req-c")
     assert (err.value.status, err.value.code) == (400, "context_length_exceeded")
     assert err.value.message == "This model's maximum context length is 16 tokens."
 
@@ -397,7 +406,7 @@ async def test_other_client_errors_pass_through_without_secrets(scripted):
         scripted.answer = {"status": status, "json": {"error": {
             "message": leak, "type": "invalid_request_error", "code": None}}}
         with pytest.raises(APIError) as err:
-            await d.complete(prepared(d, chat()), request_id="req-b")
+            await whole(d, prepared(d, chat()), request_id="req-b")
         assert (err.value.status, err.value.code) == (status, "upstream_rejected")
         assert err.value.message.startswith("bad temperature for ")
         assert KEY not in err.value.message and "127.0.0.1" not in err.value.message
