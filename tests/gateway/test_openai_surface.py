@@ -173,6 +173,15 @@ def sent_as(body: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(body))
 
 
+async def calls_came_back_and_were_metered(world: World, reply: Any) -> None:
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.model_dump() for c in choice.message.tool_calls] == CALLS
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (31, 17)
+    records = (await world.usage())["data"]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(31, 17)]
+
+
 @pytest.mark.parametrize("model", ["via-http", "via-litellm"])
 async def test_every_field_arrives_and_the_calls_come_back_intact(world, model):
     reply = await world.client.chat.completions.create(
@@ -189,12 +198,7 @@ async def test_every_field_arrives_and_the_calls_come_back_intact(world, model):
             assert seen_messages == expected
         else:
             assert seen[name] == expected, name
-    choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    assert [c.model_dump() for c in choice.message.tool_calls] == CALLS
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (31, 17)
-    records = (await world.usage())["data"]
-    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(31, 17)]
+    await calls_came_back_and_were_metered(world, reply)
 
 
 @pytest.mark.parametrize("model", ["via-http", "via-litellm"])
@@ -224,12 +228,7 @@ async def test_a_whole_answer_asked_as_a_stream_is_folded_back_whole(world):
         model="via-stream", messages=CONVERSATION, tools=[WEATHER], logprobs=False)
     seen = world.recorder.bodies[-1]
     assert seen["stream"] is True and seen["stream_options"] == {"include_usage": True}
-    choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls"
-    assert [c.model_dump() for c in choice.message.tool_calls] == CALLS
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (31, 17)
-    records = (await world.usage())["data"]
-    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in records] == [(31, 17)]
+    await calls_came_back_and_were_metered(world, reply)
 
 
 async def test_what_a_deployment_cannot_take_is_refused_by_name(world):

@@ -23,6 +23,7 @@ from workers.protocol.events import (
     TextDelta,
     ToolCallDelta,
     Usage,
+    aclose,
 )
 
 DONE = b"data: [DONE]\n\n"
@@ -145,9 +146,7 @@ async def sse(events: AsyncIterator[Event], *, chat: bool, include_usage: bool
                 return
         yield DONE
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await aclose(events)
 
 
 def replay(events: Iterable[Event], *, chat: bool, include_usage: bool) -> list[bytes]:
@@ -252,9 +251,7 @@ async def fold(events: AsyncIterator[Event], *, chat: bool = False, into: Fold |
         async for event in events:
             folded.add(event)
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        await aclose(events)
     return folded
 
 
