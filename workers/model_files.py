@@ -46,8 +46,12 @@ def default_gguf() -> Path:
 def resolve_model(model: str | os.PathLike[str] | None) -> Path:
     """Return a folder holding config.json, tokenizer files and *.safetensors.
 
-    None means the bundled default. A `.gguf` path is converted once into the cache.
+    None means the default: `$SWITCHBOARD_DEFAULT_MODEL` where set (a machine without the
+    bundled package, such as a GPU box the 94 MB GGUF is not copied to), else the bundled
+    GGUF. A `.gguf` path is converted once into the cache.
     """
+    if model is None:
+        model = os.environ.get("SWITCHBOARD_DEFAULT_MODEL") or None
     path = default_gguf() if model is None else Path(model)
     if path.is_dir():
         if any(path.glob("*.safetensors")):

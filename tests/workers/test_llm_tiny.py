@@ -13,6 +13,9 @@ from workers import LLM, SamplingParams
 from workers.runner.linear import onednn_available
 
 MAX_NEW = 24
+# Exact comparisons with HF's float32 reference run the engine on the CPU in float32: on a GPU
+# box the engine's default is CUDA in bfloat16 (the Triton test below covers the GPU).
+CPU32 = {"device": "cpu", "dtype": "float32"}
 
 
 def random_prompts(count: int, seed: int = 0, lo: int = 3, hi: int = 60) -> list[list[int]]:
@@ -33,7 +36,7 @@ def greedy(max_tokens: int = MAX_NEW) -> SamplingParams:
 
 def test_greedy_batch_matches_hf(tiny_llama_path, reference):
     prompts, expected = reference
-    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, **CPU32)
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected
     assert [o.prompt_token_ids for o in outputs] == prompts
@@ -43,7 +46,7 @@ def test_greedy_batch_matches_hf(tiny_llama_path, reference):
 
 def test_tiny_token_budget_forces_chunked_prefill(tiny_llama_path, reference):
     prompts, expected = reference
-    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=7)
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=7, **CPU32)
     outputs = llm.generate(prompts, greedy())
     assert [o.token_ids for o in outputs] == expected
 
@@ -53,6 +56,7 @@ def test_small_pool_forces_preemption_with_identical_output(tiny_llama_path, ref
     # 10 blocks of 16 tokens: far less than 12 prompts of up to 84 tokens need at once
     llm = LLM(
         str(tiny_llama_path), block_size=16, kv_cache_memory=10 * 16 * 2 * 3 * 2 * 16 * 4,
+        **CPU32,
     )
     assert llm.engine.runner.num_blocks == 10
     outputs = llm.generate(prompts, greedy())
@@ -88,7 +92,7 @@ def test_architecture_variants_match_hf(tmp_path, tokenizer, overrides):
     model = hf_model(path)
     prompts = random_prompts(4, seed=3, lo=20, hi=90)
     expected = [hf_greedy(model, p, 16, eos=False) for p in prompts]
-    llm = LLM(str(path), kv_cache_memory=4 << 20, max_num_batched_tokens=64)
+    llm = LLM(str(path), kv_cache_memory=4 << 20, max_num_batched_tokens=64, **CPU32)
     assert [o.token_ids for o in llm.generate(prompts, greedy(16))] == expected
 
 
@@ -100,7 +104,7 @@ def test_eos_stops_generation_like_hf(tmp_path, tokenizer, reference):
     model = hf_model(path)
     expected = [hf_greedy(model, p, MAX_NEW) for p in prompts]
     assert expected[0] == expected_free[0][:6]
-    llm = LLM(str(path), kv_cache_memory=4 << 20)
+    llm = LLM(str(path), kv_cache_memory=4 << 20, **CPU32)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert [o.token_ids for o in outputs] == expected
     for out in outputs:
@@ -110,7 +114,7 @@ def test_eos_stops_generation_like_hf(tmp_path, tokenizer, reference):
 
 
 def test_tpot_counts_positions_not_tokens_over_n_samples(tiny_llama_path):
-    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, **CPU32)
     params = SamplingParams(temperature=0.8, seed=3, n=3, max_tokens=8, ignore_eos=True)
     single = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True)
     many, one = llm.generate([[5, 6, 7, 8]], params)[0], llm.generate([[5, 6, 7, 8]], single)[0]

@@ -23,6 +23,14 @@ def test_hf_folder_is_used_in_place(tiny_llama_path):
     assert resolve_model(str(tiny_llama_path)) == tiny_llama_path
 
 
+def test_default_model_can_be_pointed_elsewhere(tiny_llama_path, monkeypatch):
+    """Where the bundled package is absent (a GPU box), the default comes from the env."""
+    monkeypatch.setenv("SWITCHBOARD_DEFAULT_MODEL", str(tiny_llama_path))
+    assert resolve_model(None) == tiny_llama_path
+    monkeypatch.setenv("SWITCHBOARD_DEFAULT_MODEL", "")
+    assert resolve_model(None) != tiny_llama_path
+
+
 def test_missing_or_wrong_paths_are_refused(tmp_path):
     with pytest.raises(FileNotFoundError):
         resolve_model(tmp_path / "nope")

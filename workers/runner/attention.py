@@ -161,7 +161,8 @@ def build_metadata(
         else:
             blocks = torch.tensor([table[: -(-(start + q_len) // bs)]], dtype=torch.long)
             pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
-            mask = _additive(causal_mask(start, q_len, group, device), dtype)
+            visible = causal_mask(start, q_len, group, torch.device("cpu"))
+            mask = _additive(visible, dtype).to(device, non_blocking=True)
             prefills.append(PrefillChunk(q_start, q_len, pieces, mask, cached=start))
         q_start += q_len
     slot = torch.tensor(slots, dtype=torch.long)
