@@ -29,6 +29,9 @@ class PlanLimits:
     cache_ttl_s: int | None = None
     cache_hit_price_percent: int = 0  # share of the normal price charged for a cached answer
     price_markup_bp: int = 0  # on every price, in basis points: 2000 = +20%, -1000 = -10%
+    # the tenant's place in the engines' fair-share scheduler (workers/engine/fair_share.py)
+    engine_weight: float = 1.0  # share of engine tokens relative to other tenants' weights
+    priority: int = 0  # within the tenant, lower runs first; the most urgent a request may ask
 
 
 @dataclass(frozen=True, slots=True)
