@@ -33,7 +33,7 @@ from starlette.types import Receive
 
 from gateway import answers
 from gateway.admission import admission_request, admit, ratelimit_headers
-from gateway.deployments.base import Call, Deployment, prepared
+from gateway.deployments.base import Call, Deployment, EngineShare, prepared
 from gateway.errors import APIError, bad_request
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant
@@ -76,17 +76,21 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
                                 tier=asked_tier(request), logprobs=body.wants_logprobs,
                                 request=body)
     dispatches = tracing.dispatches()
+    share = EngineShare(key.tenant_id, key.plan.engine_weight, key.plan.priority)
 
     def prepare(deployment: Deployment) -> Call:
         call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
                                   adapter=plan.adapter)
+        call.share = share
         dispatches.prepared(call, deployment.name)
         return call
 
     def estimate(deployment: Deployment) -> Call:
         if deployment.tokenizes:
-            return deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
+            call = deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
                                        adapter=plan.adapter)
+            call.share = share
+            return call
         return prepare(deployment)
 
     with tracing.span("prepare"):

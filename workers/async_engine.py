@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import threading
@@ -89,6 +90,10 @@ class AsyncLLMEngine:
     def stats(self) -> dict[str, float]:
         return self._require_engine().stats()
 
+    def tenant_tokens(self) -> dict[str | None, int]:
+        """Tokens computed per tenant (a copy, safe to take beside the step thread)."""
+        return self._require_engine().tenant_tokens()
+
     async def generate(
         self,
         prompt: str | list[int] | PreparedRequest,
@@ -98,6 +103,8 @@ class AsyncLLMEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         lora: str | None = None,
+        tenant: str | None = None,
+        weight: float = 1.0,
     ) -> AsyncIterator[RequestOutput]:
         """Yield cumulative outputs as tokens arrive; leaving early aborts the request.
 
@@ -113,6 +120,7 @@ class AsyncLLMEngine:
         else:
             prepared = engine.prepare_request(prompt, sampling_params or SamplingParams(),
                                               cache_salt=cache_salt, lora=lora)
+            prepared = dataclasses.replace(prepared, tenant=tenant, weight=weight)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         if request_id in self._streams:
             raise ValueError(f"duplicate request id {request_id!r}")

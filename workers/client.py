@@ -8,6 +8,7 @@ answer with a proper HTTP status.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -74,6 +75,12 @@ class PreparedCall:
     tools: ToolPlan = field(default_factory=lambda: ToolPlan("none"))
     usage: Usage = field(default_factory=Usage)
     metrics: RequestMetrics | None = None  # the engine's timings, from the latest output
+    priority: int = 0  # within its tenant: lower runs first
+
+    def schedule_for(self, tenant: str | None, *, weight: float = 1.0, priority: int = 0) -> None:
+        """Whose fair share of the engine this call draws on (the gateway's tenant)."""
+        self.request = dataclasses.replace(self.request, tenant=tenant, weight=weight)
+        self.priority = priority
 
     @property
     def max_output_tokens(self) -> int:
@@ -105,7 +112,8 @@ class EmbeddedClient:
 
     def prepare(
         self, body: dict[str, Any], *, chat: bool, cache_salt: str | None = None,
-        lora: str | None = None, model: str | None = None,
+        lora: str | None = None, model: str | None = None, tenant: str | None = None,
+        weight: float = 1.0, priority: int = 0,
     ) -> PreparedCall:
         """Tokenize and validate; fixes max_tokens to what will really be generated at most.
 
@@ -125,6 +133,7 @@ class EmbeddedClient:
                 exc.param = "messages"
             raise
         call = PreparedCall(chat, prepared, model or self.model_name, tools)
+        call.schedule_for(tenant, weight=weight, priority=priority)
         call.usage.prompt_tokens = len(prepared.prompt_token_ids)
         return call
 
@@ -134,7 +143,8 @@ class EmbeddedClient:
 
         Engine errors (overload, a dead engine) raise before the first event. Leaving early
         (closing this) aborts the engine request."""
-        outputs = self.engine.generate(call.request, request_id=request_id)
+        outputs = self.engine.generate(call.request, request_id=request_id,
+                                       priority=call.priority)
         processor = OutputProcessor(call, self, request_id)
         try:
             async for out in outputs:

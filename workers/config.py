@@ -20,6 +20,9 @@ class EngineArgs:
     # The most prompt tokens one request may prefill per step (0: no cap); see
     # SchedulerConfig and docs/engine.md.
     long_prefill_token_threshold: int = 512
+    # fair: the least-served tenant's requests are admitted first, by weight (VTC,
+    # workers/engine/fair_share.py); fcfs: priority, then arrival, whoever sent them
+    scheduling_policy: str = "fair"
     max_model_len: int | None = None
     max_waiting: int = 4096
     enable_prefix_caching: bool = True

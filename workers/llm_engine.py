@@ -39,6 +39,8 @@ class PreparedRequest:
     lora: str | None = None  # a registered adapter's name; None is the base model
     grammar: Any = None  # params.structured, compiled (structured_backend); None: unconstrained
     progress: PromptProgress = field(default_factory=PromptProgress)  # the engine writes it
+    tenant: str | None = None  # for the fair-share scheduler; None: the anonymous tenant
+    weight: float = 1.0
 
 
 @dataclass
@@ -65,6 +67,8 @@ class _Request:
     grammar: Any = None  # compiled; each sample gets its own matcher of it
     samples: list[_Sample] = field(default_factory=list)
     progress: PromptProgress = field(default_factory=PromptProgress)
+    tenant: str | None = None
+    weight: float = 1.0
 
     @property
     def finished(self) -> bool:
@@ -94,6 +98,7 @@ class LLMEngine:
                 max_num_batched_tokens=args.max_num_batched_tokens,
                 max_waiting=args.max_waiting,
                 long_prefill_token_threshold=args.long_prefill_token_threshold,
+                policy=args.scheduling_policy,
                 max_loras=args.max_loras if args.enable_lora else 0,
             ),
             self.block_manager,
@@ -156,15 +161,18 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
         *, priority: int = 0, arrival_time: float | None = None, cache_salt: str | None = None,
-        lora: str | None = None,
+        lora: str | None = None, tenant: str | None = None, weight: float = 1.0,
     ) -> None:
-        """Queue a request. Lower `priority` values are served first; FCFS within one.
+        """Queue a request. Lower `priority` values are served first within a tenant; between
+        tenants the least served goes first, by `weight` (`fair_share.py`; FCFS under the
+        `fcfs` policy).
 
         `cache_salt` names the prefix-cache namespace: requests only reuse KV computed under
         the same salt (the gateway passes the tenant). `lora` names a registered adapter."""
         self.check_capacity(0)
         prepared = self.prepare_request(prompt, params or SamplingParams(),
                                         cache_salt=cache_salt, lora=lora)
+        prepared = dataclasses.replace(prepared, tenant=tenant, weight=weight)
         self.enqueue(request_id, prepared, priority=priority, arrival_time=arrival_time)
 
     def check_capacity(self, in_flight: int) -> None:
@@ -223,7 +231,8 @@ class LLMEngine:
             raise InvalidRequestError("a structured request must come from prepare_request")
         request = _Request(request_id, prepared.prompt, token_ids, params, metrics,
                            prepared.cache_salt, entry.lora_id if entry else None,
-                           prepared.grammar, progress=prepared.progress)
+                           prepared.grammar, progress=prepared.progress,
+                           tenant=prepared.tenant, weight=prepared.weight)
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
@@ -367,6 +376,10 @@ class LLMEngine:
             )
         return stats
 
+    def tenant_tokens(self) -> dict[str | None, int]:
+        """Tokens computed per tenant since start (prompt and output, recomputation too)."""
+        return dict(self.scheduler.share.tokens)
+
     def has_schedulable_work(self) -> bool:
         """Something a step can run (requests parked on an adapter read are not)."""
         return self.scheduler.has_work
@@ -498,6 +511,8 @@ class LLMEngine:
             priority=priority,
             sample_index=index,
             cache_salt=request.cache_salt,
+            tenant=request.tenant,
+            weight=request.weight,
             lora_id=request.lora_id,
             grammar=self.grammars().matcher(request.grammar) if request.grammar else None,
         )

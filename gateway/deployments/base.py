@@ -53,6 +53,16 @@ def engine_adapter_name(tenant_id: str, name: str) -> str:
     return f"{tenant_id}/{name}"
 
 
+@dataclass(frozen=True, slots=True)
+class EngineShare:
+    """Whom a call is for, as the engines' fair-share scheduler sees it. Set by the gateway
+    from the authenticated key and its plan, never from anything the client sent."""
+
+    tenant: str
+    weight: float = 1.0
+    priority: int = 0
+
+
 @dataclass
 class Call:
     """One validated call on one deployment, with the numbers admission needs."""
@@ -65,6 +75,7 @@ class Call:
     native: Any = None  # the deployment's own prepared form
     adapter: AdapterRef | None = None
     upstream_s: float = 0.0  # time spent waiting on the upstream (for x-gateway-overhead-ms)
+    share: EngineShare | None = None  # engines schedule by it; other upstreams ignore it
 
 
 class Deployment(ABC):
@@ -86,6 +97,11 @@ class Deployment(ABC):
 
     def stats(self) -> dict[str, float]:
         """Load signals for /health (queue depth, KV use) where the deployment knows them."""
+        return {}
+
+    def tenant_tokens(self) -> dict[str, int]:
+        """Engine tokens computed per tenant id (the fair share), where the deployment runs
+        our engine; "" holds requests that named no tenant."""
         return {}
 
     @property

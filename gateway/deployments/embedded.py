@@ -51,6 +51,11 @@ class EmbeddedDeployment(Deployment):
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
 
+    def tenant_tokens(self) -> dict[str, int]:
+        if self.engine.engine is None:
+            return {}
+        return {tenant or "": n for tenant, n in self.engine.tenant_tokens().items()}
+
     @property
     def serves_adapters(self) -> bool:
         engine = self.engine.engine
@@ -130,6 +135,9 @@ class EmbeddedDeployment(Deployment):
         sent = False
         try:
             await self._ensure_adapter(call)
+            if call.share is not None:
+                native.schedule_for(call.share.tenant, weight=call.share.weight,
+                                    priority=call.share.priority)
             async for event in self.client.events(native, request_id=request_id):
                 sent = True
                 yield event

@@ -109,6 +109,10 @@ class WorkerDeployment(HttpDeployment):
                 "kv_cache_usage": float(engine.get("kv_cache_usage", 0.0)),
                 "in_flight": float(self.status.get("in_flight", 0))}
 
+    def tenant_tokens(self) -> dict[str, int]:
+        tenants = self.status.get("tenants") or {}
+        return {str(t): int(n) for t, n in tenants.items() if isinstance(n, int | float)}
+
     def load(self) -> float:
         """Queued requests plus KV pressure, as last reported (routing adds its own in-flight)."""
         engine = self.status.get("stats") or {}
@@ -210,6 +214,9 @@ class WorkerDeployment(HttpDeployment):
             fields["model"] = self.config.upstream_model or self.config.model_name
         if call.native is not None:
             fields["cache_salt"] = call.native
+        if call.share is not None:  # the worker's fair-share scheduler (worker API fields)
+            fields.update(tenant=call.share.tenant, engine_weight=call.share.weight,
+                          priority=call.share.priority)
         return fields
 
     streams_whole = True  # a whole answer is asked as a stream and folded (see HttpDeployment)

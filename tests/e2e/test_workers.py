@@ -188,6 +188,22 @@ async def test_discovered_workers_serve_and_the_least_loaded_one_is_chosen(fleet
         await asyncio.gather(*busy, return_exceptions=True)
 
 
+async def test_workers_charge_the_fair_share_to_the_gateways_tenant(fleet):
+    """The gateway tells each worker whom a request is for (tenant, plan weight and
+    priority, never the client's say): the workers' engines charge that tenant's share."""
+    for _ in range(3):
+        ok(await chat(fleet))
+    charged: dict[str, int] = {}
+    for worker in fleet.workers.values():
+        for tenant, tokens in worker.get("/stats").json()["tenants"].items():
+            charged[tenant] = charged.get(tenant, 0) + tokens
+    assert set(charged) == {fleet.tenant.tenant_id} and charged[fleet.tenant.tenant_id] > 0
+    registry = fleet.app.state.gateway.deployments
+    await until(lambda: sum(d.tenant_tokens().get(fleet.tenant.tenant_id, 0)
+                            for d in registry.deployments()) == charged[fleet.tenant.tenant_id],
+                what="the polled /stats")
+
+
 async def test_adapter_requests_go_where_the_adapter_is(fleet, tiny_llama_path, tmp_path):
     a, b = fleet.workers["a"], fleet.workers["b"]
     adapter = make_peft_adapter(tiny_llama_path, tmp_path / "ft", seed=4, r=4)

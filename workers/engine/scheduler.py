@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workers.engine.block_manager import BlockManager
+from workers.engine.fair_share import FairQueue, FairShare
 from workers.engine.queue_policy import PriorityFCFSQueue
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.sequence import Sequence, SequenceStatus
@@ -75,6 +76,13 @@ class SchedulerConfig:
     # it. While requests wait, running prefills together leave this much of the budget to
     # them.
     long_prefill_token_threshold: int = 0
+    # "fair": waiting requests are admitted least-served tenant first (`FairShare`), and
+    # memory pressure preempts the most-served tenant's newest request; "fcfs": priority,
+    # then arrival, for admission and (reversed) for preemption.
+    policy: str = "fair"
+
+
+POLICIES = ("fair", "fcfs")
 
 
 class Scheduler:
@@ -83,7 +91,11 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.pinned_loras = pinned_loras if pinned_loras is not None else set()
-        self.waiting = PriorityFCFSQueue()
+        if config.policy not in POLICIES:
+            raise ValueError(f"scheduling policy must be one of {', '.join(POLICIES)}")
+        self.share = FairShare()  # charged under either policy, so /stats shows the split
+        self.waiting: FairQueue | PriorityFCFSQueue = (
+            FairQueue(self.share) if config.policy == "fair" else PriorityFCFSQueue())
         self.running: list[Sequence] = []
         self._finished_seq_ids: list[int] = []
         self.num_preemptions = 0
@@ -94,6 +106,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        self.share.arrive(seq)
         self.waiting.push(seq)
 
     def schedule(self) -> SchedulerOutput:
@@ -114,8 +127,8 @@ class Scheduler:
             if num_new == 0:  # its next token has not been sampled yet, or no room left
                 i += 1
                 continue
-            if not self._make_room(seq, num_new, out):
-                break  # seq itself was the last one left to preempt
+            if not self._make_room(i, num_new, out):
+                continue  # seq itself was preempted: running[i] is the next one now
             out.chunks.append(self._allocate(seq, num_new, out))
             budget -= num_new
             i += 1
@@ -170,6 +183,7 @@ class Scheduler:
         """Run `child` beside `parent`, sharing all of its KV blocks."""
         self.block_manager.fork(parent, child)
         child.status = SequenceStatus.RUNNING
+        self.share.arrive(child)
         bisect.insort(self.running, child, key=lambda s: s.sort_key)
 
     def finish(self, seq: Sequence) -> None:
@@ -179,17 +193,30 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
+        self.share.leave(seq)
         self.block_manager.free(seq)
         self._finished_seq_ids.append(seq.seq_id)
 
-    def _make_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        """Preempt from the tail until `seq` fits; False if `seq` had to go itself."""
+    def _make_room(self, index: int, num_new: int, out: SchedulerOutput) -> bool:
+        """Preempt until `running[index]` fits; False if it had to go itself.
+
+        Victims come from `running[index:]` (not yet scheduled this step): under `fcfs` the
+        tail (lowest priority, newest); under `fair` the most-served tenant's lowest-priority,
+        newest sequence."""
+        seq = self.running[index]
         while not self.block_manager.can_allocate_slots(seq, num_new):
-            victim = self.running.pop()
+            victim = self.running.pop(self._victim_index(index))
             self._preempt(victim, out)
             if victim is seq:
                 return False
         return True
+
+    def _victim_index(self, start: int) -> int:
+        if self.config.policy == "fcfs":
+            return len(self.running) - 1
+        candidates = range(start, len(self.running))
+        return max(candidates, key=lambda j: (self.share.counter(self.running[j]),
+                                              self.running[j].sort_key))
 
     def _admit_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
         """Fit a waiting sequence, preempting only running ones of strictly lower priority."""
@@ -210,6 +237,8 @@ class Scheduler:
     def _allocate(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> ScheduledChunk:
         out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
         start = seq.num_computed_tokens
+        num_prompt = max(0, min(seq.num_prompt_tokens, start + num_new) - start)
+        self.share.charge(seq, num_prompt, num_new - num_prompt)
         seq.num_computed_tokens += num_new
         reaches_end = seq.num_computed_tokens == seq.num_tokens
         num_samples = 0

@@ -95,6 +95,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     pending_forks: int = 0
     cache_salt: str | None = None  # prefix-cache namespace: the tenant, unless shared on purpose
+    tenant: str | None = None  # whose fair share of the engine it draws on (fair_share.py)
+    weight: float = 1.0  # the tenant's weight in that share
     block_hashes: list[int] = field(default_factory=list)  # of full blocks, in order
     num_cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     lora_id: int | None = None  # the adapter, by registration; None is the base model

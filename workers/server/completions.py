@@ -98,8 +98,20 @@ def _prepare(state: WorkerState, body: dict[str, Any], *, chat: bool) -> Prepare
     shown = body.get("response_model")
     if shown is not None and not isinstance(shown, str):
         raise InvalidRequestError("'response_model' must be a string", param="response_model")
+    tenant = body.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        raise InvalidRequestError("'tenant' must be a string", param="tenant")
+    weight = body.get("engine_weight", 1.0)
+    if (isinstance(weight, bool) or not isinstance(weight, int | float)
+            or not 0 < weight <= 100):
+        raise InvalidRequestError("'engine_weight' must be a number in (0, 100]",
+                                  param="engine_weight")
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidRequestError("'priority' must be an integer", param="priority")
     return state.client.prepare(body, chat=chat, cache_salt=salt, lora=lora,
-                                model=shown or model or state.options.model_name)
+                                model=shown or model or state.options.model_name,
+                                tenant=tenant, weight=float(weight), priority=priority)
 
 
 async def _observed(chunks: AsyncIterator[bytes], call: PreparedCall, state: WorkerState,

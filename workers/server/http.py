@@ -28,9 +28,11 @@ async def json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-# What a worker takes besides OpenAI's fields: the gateway's prefix-cache namespace and the name
-# the response gives the model (see workers/server/completions.py).
-WORKER_FIELDS = frozenset({"cache_salt", "response_model"})
+# What a worker takes besides OpenAI's fields: the gateway's prefix-cache namespace, the name
+# the response gives the model, and whom the fair-share scheduler charges (tenant, its weight,
+# the priority within it); see workers/server/completions.py.
+WORKER_FIELDS = frozenset({"cache_salt", "response_model", "tenant", "engine_weight",
+                           "priority"})
 
 
 async def request_body(request: Request, *, chat: bool) -> dict[str, Any]:

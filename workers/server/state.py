@@ -47,6 +47,12 @@ class WorkerState:
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats() if self.engine.engine is not None else {}
 
+    def tenant_tokens(self) -> dict[str, int]:
+        """Tokens computed per tenant ("" for requests that named none): the fair share."""
+        if self.engine.engine is None:
+            return {}
+        return {tenant or "": n for tenant, n in self.engine.tenant_tokens().items()}
+
     async def adapters(self) -> dict[str, dict[str, Any]]:
         if not self.serves_adapters:
             return {}
@@ -62,4 +68,5 @@ class WorkerState:
             "draining": self.draining, "in_flight": self.in_flight,
             "serves_adapters": self.serves_adapters,
             "stats": self.engine_stats(), "adapters": await self.adapters() if self.ready else {},
+            "tenants": self.tenant_tokens(),
         }

@@ -73,13 +73,24 @@ async def _workers(state: GatewayState, session: SessionDep) -> list[dict[str, A
             continue
         tiers = await deployment.adapter_tiers() if deployment.serves_adapters else {}
         workers.append({"name": deployment.name, "model": deployment.config.model_name,
-                        "stats": stats, "adapters": sorted(tiers.items())})
-    if any(w["adapters"] for w in workers):
+                        "stats": stats, "adapters": sorted(tiers.items()),
+                        "tenants": deployment.tenant_tokens()})
+    if any(w["adapters"] or w["tenants"] for w in workers):
         names = {t.id: t.name for t in await service.list_tenants(session)}
         for worker in workers:
             worker["adapters"] = [(_adapter_label(engine_name, names), tier)
                                   for engine_name, tier in worker["adapters"]]
+            worker["tenants"] = _tenant_shares(worker["tenants"], names)
     return workers
+
+
+def _tenant_shares(tokens: dict[str, int], tenant_names: dict[str, str]
+                   ) -> list[tuple[str, int, float]]:
+    """(tenant name, tokens, share of the engine's tokens), most served first."""
+    total = sum(tokens.values()) or 1
+    rows = [(tenant_names.get(t, t) if t else "(no tenant)", n, n / total)
+            for t, n in tokens.items()]
+    return sorted(rows, key=lambda row: -row[1])
 
 
 def _adapter_label(engine_name: str, tenant_names: dict[str, str]) -> str:

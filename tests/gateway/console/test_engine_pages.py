@@ -12,6 +12,7 @@ import pytest
 from tests.gateway.console.support import console
 from tests.workers.lora.helpers import make_peft_adapter
 from workers.async_engine import AsyncLLMEngine
+from workers.engine.sampling_params import SamplingParams
 
 BASE = "tiny"
 
@@ -59,8 +60,17 @@ async def test_adapters_and_workers_pages(sqlite_url, tmp_path, tiny_llama_path,
         assert (await c.post(f"{base}/bypath/load")).status_code == 303
         assert _residency((await c.client.get(base)).text, "bypath") != "unloaded"
 
+        once = SamplingParams(max_tokens=2, ignore_eos=True)
+        async for _ in engine.generate([5, 6, 7], once, tenant=tenant_id):
+            pass
+        async for _ in engine.generate([5, 6, 7, 8, 9], once):
+            pass
         panel = (await c.client.get("/console/workers/panel")).text
         assert 'data-worker="embedded"' in panel and 'data-stat="kv_cache_usage"' in panel
+        # the fair share by tenant: acme's 4 tokens (3 of prompt, 1 output fed back) and the
+        # anonymous request's 6, by name, most served first
+        shares = re.findall(r'<tr data-tenant="([^"]+)"><td>[^<]*</td><td>(\d+)</td>', panel)
+        assert shares == [("(no tenant)", "6"), ("acme", "4")]
         assert "acme/bypath" in panel and "acme/uploaded" in panel
         assert 'hx-trigger="every 2s"' in panel
 

@@ -12,7 +12,7 @@ _ids = itertools.count()
 
 def make_seq(
     num_prompt: int, *, priority: int = 0, n: int = 1, max_tokens: int = 16,
-    seq_id: int | None = None,
+    seq_id: int | None = None, tenant: str | None = None, weight: float = 1.0,
 ) -> Sequence:
     sid = next(_ids) if seq_id is None else seq_id
     seq = Sequence(
@@ -23,6 +23,8 @@ def make_seq(
         sampling_params=SamplingParams(n=n, max_tokens=max_tokens),
         arrival_order=sid,
         priority=priority,
+        tenant=tenant,
+        weight=weight,
     )
     seq.pending_forks = n - 1
     return seq

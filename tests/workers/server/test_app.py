@@ -216,3 +216,17 @@ def test_stats_and_metrics_report_load_and_latency(client):
     assert ("switchboard_worker_kv_cache_usage_ratio", ()) in samples
     assert ("switchboard_worker_preemptions_total", ()) in samples
     assert ("switchboard_worker_adapter_loads_total", ()) in samples
+
+
+def test_the_gateways_tenant_fields_reach_the_fair_share(client):
+    """tenant, engine_weight and priority (worker API fields the gateway sets from the key's
+    plan) are checked, and the engine charges the named tenant: /stats shows its tokens."""
+    assert complete(client, tenant="t-a", engine_weight=2.5, priority=1).status_code == 200
+    assert complete(client).status_code == 200
+    tenants = client.get("/stats", headers=AUTH).json()["tenants"]
+    assert tenants == {"t-a": len(PROMPT) + 7, "": len(PROMPT) + 7}
+    for bad in ({"tenant": 5}, {"engine_weight": 0}, {"engine_weight": 101},
+                {"engine_weight": "2"}, {"engine_weight": True}, {"priority": 1.5}):
+        resp = complete(client, **bad)
+        assert resp.status_code == 400, bad
+        assert resp.json()["error"]["param"] == next(iter(bad))
