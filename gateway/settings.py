@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     embedded_max_num_seqs: int = 64
     # Prompt tokens one request may prefill per step while others wait (0: no cap).
     embedded_long_prefill_token_threshold: int = 512
+    # fair: the least-served tenant's requests first, by plan weight; fcfs: arrival order.
+    embedded_scheduling_policy: Literal["fair", "fcfs"] = "fair"
     embedded_tool_call_parser: str = "hermes"  # hermes | llama3_json
     # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
     embedded_input_price_per_1m: Decimal = Decimal("0.05")
