@@ -93,6 +93,8 @@ class Plan(Base):
     __table_args__ = (
         CheckConstraint("budget_period IN ('month', 'day')", name="budget_period"),
         CheckConstraint("cache_mode IN ('off', 'auto', 'exact', 'semantic')", name="cache_mode"),
+        CheckConstraint("engine_weight > 0 AND engine_weight <= 100", name="engine_weight"),
+        CheckConstraint("priority BETWEEN -10 AND 10", name="priority"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
@@ -113,6 +115,11 @@ class Plan(Base):
     cache_hit_price_percent: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Markup (positive) or discount (negative) on every price, in basis points: 2000 = +20%.
     price_markup_bp: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The tenants' place in the engines' fair-share scheduler (workers/engine/fair_share.py):
+    # a share of engine tokens relative to other tenants' weights, in (0, 100]; and, within
+    # the tenant, the order (-10..10, lower first), also the most urgent a request may ask.
+    engine_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Tenant(Base):

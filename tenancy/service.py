@@ -47,6 +47,8 @@ _PLAN_FIELDS = frozenset(
         "cache_ttl_s",
         "cache_hit_price_percent",
         "price_markup_bp",
+        "engine_weight",
+        "priority",
     }
 )
 _KEY_ID_ATTEMPTS = 5
@@ -171,6 +173,19 @@ def check_semantic_threshold(value: float | None) -> float | None:
     return float(value)
 
 
+def _check_engine_weight(value: float) -> float:
+    """A finite share in (0, 100]: zero would never schedule the tenant, and the cap keeps
+    any one tenant within 100 times the default weight of 1."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not isfinite(value)
+        or not 0 < value <= 100
+    ):
+        raise InvalidError("engine_weight must be a finite number in (0, 100]")
+    return float(value)
+
+
 def _check_bounded(value: int | None, field: str, *, low: int, high: int, nullable: bool) -> Any:
     """An integer in [low, high]; None only where the column is nullable."""
     if value is None and nullable:
@@ -196,6 +211,10 @@ def _check_plan_field(field: str, value: Any) -> Any:
         return _check_bounded(value, field, low=0, high=100, nullable=False)
     if field == "price_markup_bp":  # from free (-100%) to ten times the price
         return _check_bounded(value, field, low=-10_000, high=100_000, nullable=False)
+    if field == "engine_weight":
+        return _check_engine_weight(value)
+    if field == "priority":  # lower runs first
+        return _check_bounded(value, field, low=-10, high=10, nullable=False)
     if field in ("allowed_models", "allowed_tiers"):
         return _check_names(value, field)
     return _check_limit(value, field)
@@ -220,6 +239,8 @@ async def create_plan(
     cache_ttl_s: int | None = None,
     cache_hit_price_percent: int = 0,
     price_markup_bp: int = 0,
+    engine_weight: float = 1.0,
+    priority: int = 0,
 ) -> Plan:
     """Create a plan; ConflictError if the name is taken."""
     fields = {
@@ -236,6 +257,8 @@ async def create_plan(
         "cache_ttl_s": cache_ttl_s,
         "cache_hit_price_percent": cache_hit_price_percent,
         "price_markup_bp": price_markup_bp,
+        "engine_weight": engine_weight,
+        "priority": priority,
     }
     plan = Plan(**{field: _check_plan_field(field, value) for field, value in fields.items()})
     if await get_plan_by_name(session, name=plan.name) is not None:
@@ -248,7 +271,8 @@ async def create_plan(
 async def update_plan(session: AsyncSession, *, plan_id: str, **fields: Any) -> Plan | None:
     """Set the given fields (None clears a limit to unlimited); None if no such plan.
 
-    `cache_mode` and `cache_hit_price_percent` cannot be None: they always have a value.
+    `cache_mode`, `cache_hit_price_percent`, `price_markup_bp`, `engine_weight` and
+    `priority` cannot be None: they always have a value.
     """
     unknown = set(fields) - _PLAN_FIELDS
     if unknown:
@@ -494,6 +518,8 @@ def plan_limits(plan: Plan) -> PlanLimits:
         cache_ttl_s=plan.cache_ttl_s,
         cache_hit_price_percent=plan.cache_hit_price_percent,
         price_markup_bp=plan.price_markup_bp,
+        engine_weight=plan.engine_weight,
+        priority=plan.priority,
     )
 
 

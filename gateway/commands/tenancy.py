@@ -79,6 +79,27 @@ def _threshold(value: str) -> float:
     return number
 
 
+def _engine_weight(value: str) -> float:
+    """A share of engine tokens relative to other tenants' weights, in (0, 100]."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+    if not 0 < number <= 100:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"must be in (0, 100]: {value!r}")
+    return number
+
+
+def _priority(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if not -10 <= number <= 10:
+        raise argparse.ArgumentTypeError(f"must be in [-10, 10]: {value!r}")
+    return number
+
+
 def _usd_to_micros(value: str) -> int:
     try:
         usd = Decimal(value)
@@ -208,6 +229,8 @@ async def _plans_create(session: AsyncSession, args: argparse.Namespace, _: Sett
         semantic_threshold=args.semantic_threshold,
         cache_ttl_s=args.cache_ttl_s,
         cache_hit_price_percent=args.cache_hit_price_percent,
+        engine_weight=args.engine_weight,
+        priority=args.priority,
     )
     return plan_json(plan)
 
@@ -338,6 +361,12 @@ def register(subparsers: Any) -> None:
                         help="seconds a cached answer lives (default: the gateway's)")
     create.add_argument("--cache-hit-price-percent", type=_percent, default=0,
                         help="share of the normal price charged for a cached answer, 0-100")
+    create.add_argument("--engine-weight", type=_engine_weight, default=1.0,
+                        help="share of engine tokens relative to other tenants' weights, "
+                             "in (0, 100] (default 1)")
+    create.add_argument("--priority", type=_priority, default=0,
+                        help="order within the tenant, -10 to 10, lower first; also the most "
+                             "urgent a request may ask for (default 0)")
     create.set_defaults(func=_handler(_plans_create))
     plans.add_parser("list", help="list plans").set_defaults(func=_handler(_plans_list))
 

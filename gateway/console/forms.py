@@ -68,6 +68,21 @@ class FormReader:
             return None
         return number
 
+    def weight(self, name: str, *, high: float, default: float) -> float:
+        """A finite number in (0, high]; blank: `default` (the field always has a value)."""
+        value = self.raw(name)
+        if not value:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            self.errors[name] = "Enter a number, like 1 or 2.5, or leave it blank."
+            return default
+        if not 0 < number <= high:  # NaN and the infinities fail this too
+            self.errors[name] = f"Enter a number above 0 and at most {high:g}, or leave it blank."
+            return default
+        return number
+
     def dollars(self, name: str, *, high: int = 10**9) -> int | None:
         """A USD amount as integer micro-USD; blank: None."""
         value = self.raw(name).removeprefix("$")

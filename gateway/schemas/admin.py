@@ -22,6 +22,10 @@ Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # cosine s
 TtlSeconds = Annotated[int, Field(ge=1, le=2**31 - 1)]
 Percent = Annotated[int, Field(ge=0, le=100)]
 MarkupBp = Annotated[int, Field(ge=-10_000, le=100_000)]
+# The plan's place in the engines' fair-share scheduler: a share of engine tokens relative to
+# other tenants' weights, and the order within the tenant (lower runs first).
+EngineWeight = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
+Priority = Annotated[int, Field(ge=-10, le=10)]
 # Ids of plans, tenants and keys, in paths and bodies: anything else names nothing.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=64,
                                       pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -63,6 +67,8 @@ class PlanCreate(_In):
     cache_ttl_s: TtlSeconds | None = None
     cache_hit_price_percent: Percent = 0
     price_markup_bp: MarkupBp = 0
+    engine_weight: EngineWeight = 1.0
+    priority: Priority = 0
 
 
 class PlanUpdate(_In):
@@ -79,6 +85,8 @@ class PlanUpdate(_In):
     cache_ttl_s: TtlSeconds | None = None
     cache_hit_price_percent: Percent | None = None
     price_markup_bp: MarkupBp | None = None
+    engine_weight: EngineWeight | None = None
+    priority: Priority | None = None
 
 
 class PlanOut(_Out):
@@ -97,6 +105,8 @@ class PlanOut(_Out):
     cache_ttl_s: int | None
     cache_hit_price_percent: int
     price_markup_bp: int
+    engine_weight: float
+    priority: int
 
 
 class TenantCreate(_In):

@@ -289,6 +289,70 @@ async def test_cache_setting_edits_reach_the_cached_key_context(admin):
     assert (await keys.tenant(auth)).semantic_threshold(0.5) == 0.8
 
 
+# --- engine share -------------------------------------------------------------------------
+
+
+async def test_plan_engine_share_create_patch_and_reach_the_key_context(admin):
+    c, tenant = admin.client, admin.tenant
+    plain = ok(await c.post("/admin/plans", json={"name": "plain"}), 201)
+    assert (plain["engine_weight"], plain["priority"]) == (1.0, 0)
+    plan = ok(await c.post("/admin/plans", json={
+        "name": "heavy", "engine_weight": 2.5, "priority": -3}), 201)
+    assert (plan["engine_weight"], plan["priority"]) == (2.5, -3)
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan
+    patched = ok(await c.patch(f"/admin/plans/{plan['id']}", json={"engine_weight": 100}))
+    assert patched == {**plan, "engine_weight": 100.0}
+    # Absent fields stay as they are.
+    assert ok(await c.patch(f"/admin/plans/{plan['id']}", json={"rpm": 5})) == {
+        **patched, "rpm": 5}
+
+    keys = c._transport.app.state.gateway.keys  # type: ignore[attr-defined]
+    auth = f"Bearer {tenant.key}"
+    ctx = await keys.tenant(auth)  # now cached
+    assert (ctx.plan.engine_weight, ctx.plan.priority) == (1.0, 0)
+    ok(await c.patch(f"/admin/plans/{tenant.plan_id}", json={
+        "engine_weight": 0.5, "priority": 10}))
+    ctx = await keys.tenant(auth)
+    assert (ctx.plan.engine_weight, ctx.plan.priority) == (0.5, 10)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"engine_weight": 0}, "engine_weight"),
+    ({"engine_weight": -1}, "engine_weight"),
+    ({"engine_weight": 101}, "engine_weight"),
+    ({"engine_weight": "heavy"}, "engine_weight"),
+    ({"engine_weight": None}, "engine_weight"),
+    ({"priority": 11}, "priority"),
+    ({"priority": -11}, "priority"),
+    ({"priority": 1.5}, "priority"),
+    ({"priority": None}, "priority"),
+])
+async def test_bad_plan_engine_share_is_400(admin, body, param):
+    c = admin.client
+    assert_error(await c.post("/admin/plans", json={"name": "x", **body}), 400, param=param)
+    plan = ok(await c.post("/admin/plans", json={"name": "y"}), 201)
+    # On PATCH a null that is not allowed reaches the service (400 without a param).
+    error = assert_error(await c.patch(f"/admin/plans/{plan['id']}", json=body), 400)
+    assert param in error["message"] or error["param"] == param
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan  # nothing half-applied
+    assert "x" not in {p["name"] for p in ok(await c.get("/admin/plans"))}
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+async def test_non_finite_engine_weight_is_400(admin, number):
+    """Python's JSON parser reads NaN and Infinity: the schema must still refuse them."""
+    c = admin.client
+    headers = {"content-type": "application/json"}
+    body = f'{{"name": "x", "engine_weight": {number}}}'
+    assert_error(await c.post("/admin/plans", content=body, headers=headers), 400,
+                 param="engine_weight")
+    plan = ok(await c.post("/admin/plans", json={"name": "y"}), 201)
+    assert_error(await c.patch(f"/admin/plans/{plan['id']}", headers=headers,
+                               content=f'{{"engine_weight": {number}}}'), 400,
+                 param="engine_weight")
+    assert ok(await c.get(f"/admin/plans/{plan['id']}")) == plan
+
+
 # --- tenant keys --------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from tenancy.models import Base
 
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
           "adapters", "price_versions", "usage_daily", "invoices"}
-HEAD = "0004"
+HEAD = "0005"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -132,6 +132,8 @@ def test_offline_sql_renders_for_postgres(capsys) -> None:
     assert "CREATE TABLE adapters" in sql and "uq_adapters_tenant_id_alias" in sql
     assert "ADD COLUMN cache_mode" in sql and "ck_plans_cache_mode" in sql
     assert "ADD COLUMN cache_hit" in sql
+    assert "ADD COLUMN engine_weight" in sql and "ck_plans_engine_weight" in sql
+    assert "ADD COLUMN priority" in sql and "ck_plans_priority" in sql
 
 
 async def test_upgrade_on_a_caller_provided_connection(blank_db_url: str) -> None:
@@ -222,4 +224,54 @@ async def test_cache_settings_migration_fills_existing_rows(blank_db_url: str) -
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _cache_rows) == (("auto", None, None, 0), (None,),
                                                          ("none",))
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+# --- 0005: the plan's engine share --------------------------------------------------------
+
+
+def _plan_columns(conn: Connection) -> set[str]:
+    return {c["name"] for c in inspect(conn).get_columns("plans")}
+
+
+def _seed_plan(conn: Connection) -> None:
+    """A plan as it was before 0005: the new NOT NULL columns must get server defaults."""
+    conn.execute(text("INSERT INTO plans (id, name, budget_period, created_at) "
+                      "VALUES ('p1', 'pro', 'month', :t)"), {"t": _T0})
+    conn.commit()
+
+
+def _share_rows(conn: Connection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(text("SELECT name, engine_weight, priority "
+                                                "FROM plans ORDER BY name"))]
+
+
+def _bad_engine_share(conn: Connection) -> None:
+    """The CHECKs hold on both backends, whatever path a value takes around the service."""
+    for sql in ("UPDATE plans SET engine_weight = 0", "UPDATE plans SET engine_weight = -1",
+                "UPDATE plans SET engine_weight = 101", "UPDATE plans SET priority = 11",
+                "UPDATE plans SET priority = -11"):
+        with pytest.raises(IntegrityError):
+            conn.execute(text(sql))
+        conn.rollback()
+    conn.execute(text("UPDATE plans SET engine_weight = 100, priority = -10"))
+    conn.rollback()
+
+
+async def test_engine_share_migration_fills_existing_rows(blank_db_url: str) -> None:
+    """0005 alone, on data: defaults for old plans, the CHECKs hold, downgrade keeps them."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0004")
+    await _inspect(blank_db_url, _seed_plan)
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert {"engine_weight", "priority"} <= await _inspect(blank_db_url, _plan_columns)
+    assert await _inspect(blank_db_url, _share_rows) == [("pro", 1.0, 0)]
+    await _inspect(blank_db_url, _bad_engine_share)
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0004")
+    assert not {"engine_weight", "priority"} & await _inspect(blank_db_url, _plan_columns)
+    assert await _inspect(blank_db_url, _names) == (["pro"], [], [])
+    assert (await _inspect(blank_db_url, _state))[1] == "0004"
+
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _share_rows) == [("pro", 1.0, 0)]
     assert await _inspect(blank_db_url, _diff) == []

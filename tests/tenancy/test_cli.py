@@ -71,6 +71,7 @@ def test_commands_end_to_end(cli: Cli, db_path: Path, tmp_path: Path) -> None:
     assert (plan["rpm"], plan["tpm"], plan["max_concurrent"]) == (60, 100_000, 4)
     assert (plan["cache_mode"], plan["semantic_threshold"], plan["cache_ttl_s"],
             plan["cache_hit_price_percent"]) == ("auto", None, None, 0)
+    assert (plan["engine_weight"], plan["priority"]) == (1.0, 0)
     free = cli.ok("plans", "create", "--name", "free")
     assert free["rpm"] is None and free["allowed_models"] is None
     cached = cli.ok(
@@ -79,7 +80,12 @@ def test_commands_end_to_end(cli: Cli, db_path: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert (cached["cache_mode"], cached["semantic_threshold"], cached["cache_ttl_s"],
             cached["cache_hit_price_percent"]) == ("semantic", 0.85, 600, 20)
-    assert [p["name"] for p in cli.ok("plans", "list")] == ["pro", "free", "cached"]
+    heavy = cli.ok("plans", "create", "--name", "heavy", "--engine-weight", "2.5",
+                   "--priority", "-3")
+    assert (heavy["engine_weight"], heavy["priority"]) == (2.5, -3)
+    listed = cli.ok("plans", "list")
+    assert [p["name"] for p in listed] == ["pro", "free", "cached", "heavy"]
+    assert (listed[3]["engine_weight"], listed[3]["priority"]) == (2.5, -3)
 
     tenant = cli.ok("tenants", "create", "--name", "acme", "--plan", "pro")
     assert tenant["plan_id"] == plan["id"] and tenant["status"] == "active"
@@ -153,6 +159,15 @@ def test_errors_go_to_stderr_with_a_non_zero_exit(cli: Cli) -> None:
         ["plans", "create", "--name", "x", "--semantic-threshold", "nan"],
         ["plans", "create", "--name", "x", "--cache-ttl-s", "0"],
         ["plans", "create", "--name", "x", "--cache-hit-price-percent", "101"],
+        ["plans", "create", "--name", "x", "--engine-weight", "0"],
+        ["plans", "create", "--name", "x", "--engine-weight", "-1"],
+        ["plans", "create", "--name", "x", "--engine-weight", "101"],
+        ["plans", "create", "--name", "x", "--engine-weight", "nan"],
+        ["plans", "create", "--name", "x", "--engine-weight", "inf"],
+        ["plans", "create", "--name", "x", "--engine-weight", "heavy"],
+        ["plans", "create", "--name", "x", "--priority", "11"],
+        ["plans", "create", "--name", "x", "--priority", "-11"],
+        ["plans", "create", "--name", "x", "--priority", "1.5"],
         ["tenants", "create", "--name", "x", "--plan", "p", "--semantic-threshold", "-1"],
         ["keys", "create", "--tenant", "t", "--expires-in-days", "0"],
         ["plans"],

@@ -91,3 +91,13 @@ def test_cache_settings_default_and_semantic_threshold_precedence() -> None:
     assert both.semantic_threshold(0.92) == 0.95
     tenant_only = make_ctx(tenant_semantic_threshold=0.7)
     assert tenant_only.semantic_threshold(0.92) == 0.7
+
+
+def test_engine_share_defaults() -> None:
+    """A plan that says nothing gets an even share and the middle priority."""
+    plan = PlanLimits()
+    assert (plan.engine_weight, plan.priority) == (1.0, 0)
+    assert isinstance(plan.engine_weight, float)
+    assert make_ctx().plan.engine_weight == 1.0
+    shared = make_ctx(plan=PlanLimits(engine_weight=2.5, priority=-3))
+    assert (shared.plan.engine_weight, shared.plan.priority) == (2.5, -3)

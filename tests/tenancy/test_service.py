@@ -111,6 +111,9 @@ async def test_every_mutation_bumps_the_auth_version(session: AsyncSession, pepp
     await bumped()
     await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=0.95)
     await bumped()
+    # So do the engine share settings.
+    await service.update_plan(session, plan_id=plan.id, engine_weight=3.0, priority=-2)
+    await bumped()
     await service.update_tenant(session, tenant_id=tenant.id, semantic_threshold=None)
     await bumped()
     key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
@@ -467,6 +470,90 @@ async def test_tenant_threshold_validation(session: AsyncSession, threshold: obj
 async def test_cache_mode_check_constraint(session: AsyncSession) -> None:
     """The database refuses an unknown mode even past the service's validation."""
     session.add(Plan(name="raw", cache_mode="always"))
+    with pytest.raises(IntegrityError):
+        await session.commit()
+    await session.rollback()
+
+
+# --- engine share ---------------------------------------------------------------------------
+
+
+async def test_engine_share_defaults_round_trip_and_reach_the_key_context(
+    session: AsyncSession, pepper: bytes
+) -> None:
+    plain = await make_tenant(session, "plain")
+    plain_key, _ = await service.create_api_key(session, tenant_id=plain.id, pepper=pepper)
+    ctx = await service.load_key_context(session, key_id=plain_key.id)
+    assert ctx is not None and (ctx.plan.engine_weight, ctx.plan.priority) == (1.0, 0)
+
+    plan = await service.create_plan(session, name="heavy", engine_weight=2.5, priority=-3)
+    tenant = await service.create_tenant(session, name="acme", plan_id=plan.id)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    session.expunge_all()  # read back what the database holds, not the identity map
+    stored = await service.get_plan(session, plan_id=plan.id)
+    assert stored is not None and (stored.engine_weight, stored.priority) == (2.5, -3)
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and (ctx.plan.engine_weight, ctx.plan.priority) == (2.5, -3)
+
+    # The bounds are inclusive where they say so; an integer weight is stored as a float.
+    updated = await service.update_plan(session, plan_id=plan.id, engine_weight=100,
+                                        priority=10)
+    assert updated is not None
+    session.expunge_all()
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and (ctx.plan.engine_weight, ctx.plan.priority) == (100.0, 10)
+    assert isinstance(ctx.plan.engine_weight, float)
+    # Leaving them out of an update keeps them.
+    await service.update_plan(session, plan_id=plan.id, rpm=5)
+    session.expunge_all()
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and (ctx.plan.engine_weight, ctx.plan.priority) == (100.0, 10)
+    small = await service.update_plan(session, plan_id=plan.id, engine_weight=1e-3,
+                                      priority=-10)
+    assert small is not None and (small.engine_weight, small.priority) == (1e-3, -10)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"engine_weight": 0}, "engine_weight must be a finite number in (0, 100]"),
+        ({"engine_weight": 0.0}, "engine_weight"),
+        ({"engine_weight": -1}, "engine_weight"),
+        ({"engine_weight": 101}, "engine_weight"),
+        ({"engine_weight": 100.0001}, "engine_weight"),
+        ({"engine_weight": float("nan")}, "engine_weight"),
+        ({"engine_weight": float("inf")}, "engine_weight"),
+        ({"engine_weight": None}, "engine_weight"),
+        ({"engine_weight": True}, "engine_weight"),
+        ({"engine_weight": "2"}, "engine_weight"),
+        ({"priority": 11}, "priority must be an integer in [-10, 10]"),
+        ({"priority": -11}, "priority"),
+        ({"priority": None}, "priority"),
+        ({"priority": 1.0}, "priority"),
+        ({"priority": True}, "priority"),
+    ],
+)
+async def test_engine_share_validation(
+    session: AsyncSession, fields: dict[str, object], message: str
+) -> None:
+    with pytest.raises(InvalidError, match=re.escape(message)):
+        await service.create_plan(session, name="bad", **fields)  # type: ignore[arg-type]
+    plan = await service.create_plan(session, name="good", engine_weight=2.0, priority=1)
+    with pytest.raises(InvalidError, match=re.escape(message)):
+        await service.update_plan(session, plan_id=plan.id, **fields)
+    session.expunge_all()
+    stored = await service.get_plan(session, plan_id=plan.id)
+    assert stored is not None and (stored.engine_weight, stored.priority) == (2.0, 1)
+    assert [p.name for p in await service.list_plans(session)] == ["good"]
+
+
+@pytest.mark.parametrize("fields", [{"engine_weight": 0.0}, {"engine_weight": 101.0},
+                                    {"priority": 11}, {"priority": -11}])
+async def test_engine_share_check_constraints(
+    session: AsyncSession, fields: dict[str, object]
+) -> None:
+    """The database refuses an out-of-range share even past the service's validation."""
+    session.add(Plan(name="raw", **fields))
     with pytest.raises(IntegrityError):
         await session.commit()
     await session.rollback()

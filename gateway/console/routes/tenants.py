@@ -1,5 +1,6 @@
-"""Tenants: list and search, create, move to another plan, edit the plan's limits, budget and
-allowed models and tiers, suspend and reactivate. All through `tenancy.service`."""
+"""Tenants: list and search, create, move to another plan, edit the plan's limits, budget,
+allowed models and tiers and engine share, suspend and reactivate. All through
+`tenancy.service`."""
 
 from __future__ import annotations
 
@@ -80,6 +81,9 @@ async def edit_limits(request: Request, tenant_id: str, admin: AdminSession,
         "budget_period": form.choice("budget_period", BUDGET_PERIODS, default="month"),
         "allowed_models": form.names("allowed_models"),
         "allowed_tiers": form.names("allowed_tiers"),
+        # Blank is the default here, not "unlimited": the plan always has a share and priority.
+        "engine_weight": form.weight("engine_weight", high=100, default=1.0),
+        "priority": form.integer("priority", low=-10, high=10) or 0,
     }
     tenant = await service.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
@@ -153,7 +157,9 @@ def _limits_values(plan: Plan | None, form: FormReader | None) -> dict[str, str]
             "max_concurrent": _text(plan.max_concurrent),
             "budget_usd": usd_input(plan.budget_micros), "budget_period": plan.budget_period,
             "allowed_models": names(plan.allowed_models),
-            "allowed_tiers": names(plan.allowed_tiers)}
+            "allowed_tiers": names(plan.allowed_tiers),
+            "engine_weight": str(plan.engine_weight).removesuffix(".0"),
+            "priority": str(plan.priority)}
 
 
 def _text(value: int | None) -> str:

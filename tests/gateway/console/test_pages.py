@@ -83,6 +83,19 @@ async def test_forms_show_the_servers_errors(sqlite_url, tmp_path):
         assert r.status_code == 400
         assert "Enter a whole number" in r.text and "Enter an amount from 0" in r.text
         assert "Pick one of: month, day" in r.text and 'value="abc"' in r.text
+        weight_range, weight_text = "above 0 and at most 100", "Enter a number, like 1 or 2.5"
+        for weight, priority, messages in (
+            ("0", "11", (weight_range, "Enter a number from -10 to 10")),
+            ("-1", "-11", (weight_range, "Enter a number from -10 to 10")),
+            ("101", "1.5", (weight_range, "Enter a whole number")),
+            ("nan", "0", (weight_range,)),
+            ("inf", "0", (weight_range,)),
+            ("heavy", "0", (weight_text,)),
+        ):
+            r = await c.post(f"/console/tenants/{tenant_id}/limits",
+                             {"engine_weight": weight, "priority": priority})
+            assert r.status_code == 400 and f'value="{weight}"' in r.text
+            assert all(message in r.text for message in messages), (weight, priority)
         r = await c.post(f"/console/tenants/{tenant_id}/keys",
                          {"rpm": "0", "expires_at": "2001-01-01T00:00"}, htmx=True)
         assert r.status_code == 400 and 'id="keys-panel"' in r.text and "<html" not in r.text
@@ -108,6 +121,13 @@ async def test_tenant_plan_edits_go_through_the_service(sqlite_url, tmp_path):
         page = (await c.client.get(f"/console/tenants/{tenant_id}")).text
         assert 'value="60"' in page and 'value="12.5"' in page
         assert 'value="mock-model, chat"' in page
+        # Left blank, the engine share is the default, never "unlimited".
+        assert 'name="engine_weight" value="1"' in page and 'name="priority" value="0"' in page
+        r = await c.post(f"/console/tenants/{tenant_id}/limits", {
+            "rpm": "60", "engine_weight": "2.5", "priority": "-3"})
+        assert r.status_code == 303
+        page = (await c.client.get(f"/console/tenants/{tenant_id}")).text
+        assert 'name="engine_weight" value="2.5"' in page and 'name="priority" value="-3"' in page
         r = await c.post(f"/console/tenants/{tenant_id}/status", {"status": "suspended"})
         assert r.status_code == 303
         assert "Reactivate tenant" in (await c.client.get(f"/console/tenants/{tenant_id}")).text
