@@ -6,14 +6,18 @@ read of the weights, a prompt token a share of one), divided by the tenant's wei
 waiting request admitted next is the one whose tenant has the smallest counter, so while two
 tenants are backlogged the tokens served split by their weights.
 
-A tenant that arrives after being idle has its counter lifted to the smallest counter among
-the tenants that are active: idle time is not banked, so a tenant cannot save up service and
-then flood the engine with it. Requests without a tenant share one anonymous tenant.
+A tenant that arrives after being idle has its counter lifted to just under the smallest
+counter among the tenants that are active: idle time is not banked, so a tenant cannot save
+up service and then flood the engine with it, and among equals the newcomer goes first. While
+a less-served tenant's request waits and could start, the scheduler also holds back the
+prompt chunks of more-served tenants for one step, so the newcomer's first step is short.
+Requests without a tenant share one anonymous tenant.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterator
 
@@ -40,8 +44,12 @@ class FairShare:
         if self.active[tenant] == 0:
             others = [self.counters.get(t, 0.0) for t, n in self.active.items()
                       if n > 0 and t != tenant]
-            floor = min(others) if others else self.counters.get(tenant, 0.0)
-            self.counters[tenant] = max(self.counters.get(tenant, 0.0), floor)
+            own = self.counters.get(tenant, 0.0)
+            if others and own < min(others):
+                # level with the least served, and first among equals: it has had nothing
+                # of this busy period yet
+                own = math.nextafter(min(others), -math.inf)
+            self.counters[tenant] = own
         self.active[tenant] += 1
 
     def leave(self, seq: Sequence) -> None:

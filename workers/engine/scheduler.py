@@ -117,12 +117,15 @@ class Scheduler:
         # chunk of admissions: several long prompts never take a whole step between them.
         cap = self.config.long_prefill_token_threshold
         prefill_room = budget - cap if cap and self.waiting else budget
+        yielded = self._tenants_to_hold_back()  # their prefills sit this step out
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new > 1:  # a prefill chunk: within what is left of the prefill room
                 num_new = min(num_new, max(prefill_room, 0))
+                if seq.tenant in yielded:
+                    num_new = 0  # a less-served tenant waits: its prompt goes first
                 prefill_room -= num_new
             if num_new == 0:  # its next token has not been sampled yet, or no room left
                 i += 1
@@ -141,6 +144,8 @@ class Scheduler:
             if budget <= 0:
                 break
             seq = self.waiting.peek()
+            if seq.tenant in yielded:
+                break  # nor do their new prompts start in this step
             width = seq.sampling_params.n if seq.pending_forks else 1
             if len(self.running) + width > self.config.max_num_seqs:
                 break
@@ -164,6 +169,23 @@ class Scheduler:
         for seq in passed_over:
             self.waiting.push(seq)
         return out
+
+    def _tenants_to_hold_back(self) -> set[str | None]:
+        """Under `fair`, when the request admitted next can start this step: the running
+        tenants served more than its tenant. Their prefill chunks (and new prompts) sit this
+        step out, so a light tenant's short prompt runs in a short step, not beside them."""
+        if (self.config.policy != "fair" or not self.waiting
+                or len(self.running) >= self.config.max_num_seqs):
+            return set()
+        seq = self.waiting.peek()
+        first = self._capped(min(seq.num_tokens - seq.num_computed_tokens,
+                                 self.config.max_num_batched_tokens))
+        if (not self._lora_fits(seq.lora_id, self.active_loras())
+                or not self.block_manager.can_allocate_slots(seq, first)):
+            return set()  # it could not start now: holding back would only stall the others
+        level = self.share.counter(seq)
+        return {s.tenant for s in self.running
+                if s.tenant != seq.tenant and self.share.counter(s) > level}
 
     def _capped(self, num_new: int) -> int:
         """A prompt chunk cut to `long_prefill_token_threshold`."""
