@@ -52,10 +52,12 @@ def start_worker(tmp: Path, served: str, worker_id: str) -> ServerProcess:
     return worker
 
 
-def start_gateway(tmp: Path, served: str) -> tuple[ServerProcess, str]:
+def start_gateway(tmp: Path, served: str, **pool: Any) -> tuple[ServerProcess, str]:
+    """A gateway whose one deployment is the worker pool (`pool`: more of its settings)."""
     (tmp / "deployments.yaml").write_text(json.dumps({"deployments": [{
         "name": "pool", "model_name": "smollm2", "provider": "worker", "discover": True,
-        "upstream_model": served, "input_price_per_1m": 0.05, "output_price_per_1m": 0.1}]}))
+        "upstream_model": served, "input_price_per_1m": 0.05, "output_price_per_1m": 0.1,
+        **pool}]}))
     env = gateway_env(tmp) | {"SWITCHBOARD_REDIS_URL": REDIS, "SWITCHBOARD_WORKER_SECRET": SECRET,
                               "SWITCHBOARD_WORKER_STATS_INTERVAL_S": "0.5"}
     gateway_cli(["migrate"], env)

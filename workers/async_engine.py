@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from workers.engine.outputs import RequestOutput
+from workers.engine.prefix_hash import PrefixSummary
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.llm_engine import LLMEngine, PreparedRequest
 from workers.lora.manager import AdapterBusyError, AdapterStatus
@@ -89,6 +90,9 @@ class AsyncLLMEngine:
 
     def stats(self) -> dict[str, float]:
         return self._require_engine().stats()
+
+    def prefix_summary(self) -> PrefixSummary | None:
+        return self._require_engine().prefix_summary()
 
     def tenant_tokens(self) -> dict[str | None, int]:
         """Tokens computed per tenant (a copy, safe to take beside the step thread)."""

@@ -298,6 +298,16 @@ def _constrain_tool_calls(params: SamplingParams, tools: ToolPlan) -> None:
     params.structured = StructuredOutputs(json=schema, param="tools")
 
 
+def prompt_token_ids(body: dict[str, Any], *, chat: bool, tokenizer: Any) -> list[int]:
+    """The token ids `prepare` runs for this body, without an engine: a gateway with the
+    same tokenizer names the same prefix-cache blocks (prefix-aware routing)."""
+    tools = tool_plan(body) if chat else ToolPlan("none")
+    prompt = _prompt(body, chat=chat, tokenizer=tokenizer, tools=tools)
+    if isinstance(prompt, str):
+        return list(tokenizer.encode(prompt, add_special_tokens=False))
+    return list(prompt)
+
+
 def _prompt(body: dict[str, Any], *, chat: bool, tokenizer: Any,
             tools: ToolPlan) -> str | list[int]:
     if chat:

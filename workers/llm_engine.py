@@ -18,6 +18,7 @@ from workers.config import EngineArgs
 from workers.engine.block_manager import BlockManager
 from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from workers.engine.prefix_hash import PrefixSummary
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from workers.engine.sequence import FinishReason, PromptProgress, RequestMetrics, Sequence
@@ -365,6 +366,8 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "prefix_cache_hit_rate": self.block_manager.num_hit_tokens
             / max(self.block_manager.num_queried_tokens, 1),
+            "prefix_cache_hit_tokens": self.block_manager.num_hit_tokens,
+            "prefix_cache_queried_tokens": self.block_manager.num_queried_tokens,
         }
         if self.loras is not None:
             stats.update(
@@ -375,6 +378,12 @@ class LLMEngine:
                 lora_cpu_evictions=self.loras.num_cpu_evictions,
             )
         return stats
+
+    def prefix_summary(self) -> PrefixSummary | None:
+        """What the prefix cache holds, as a Bloom filter of block names (None: caching off)."""
+        if not self.block_manager.enable_caching:
+            return None
+        return self.block_manager.summary()
 
     def tenant_tokens(self) -> dict[str | None, int]:
         """Tokens computed per tenant since start (prompt and output, recomputation too)."""

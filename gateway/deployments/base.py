@@ -14,6 +14,7 @@ from typing import Any
 from gateway.deployments.config import DeploymentConfig, Price
 from gateway.errors import APIError, bad_request, model_not_found
 from workers.client import Usage
+from workers.engine.prefix_hash import PrefixSummary
 from workers.protocol.events import Event, Failed
 from workers.protocol.requests import OpenAIRequest
 
@@ -98,6 +99,11 @@ class Deployment(ABC):
     def stats(self) -> dict[str, float]:
         """Load signals for /health (queue depth, KV use) where the deployment knows them."""
         return {}
+
+    def prefix_summary(self) -> PrefixSummary | None:
+        """The Bloom summary of the engine's prefix cache, where a remote worker reports it
+        (prefix-aware routing)."""
+        return None
 
     def tenant_tokens(self) -> dict[str, int]:
         """Engine tokens computed per tenant id (the fair share), where the deployment runs

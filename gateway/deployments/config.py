@@ -80,6 +80,12 @@ class DeploymentConfig(BaseModel):
     # A worker pool: every `switchboard worker` that registers in Redis serving this entry's
     # upstream model becomes a deployment named `<name>@<worker id>`, priced as this one.
     discover: bool = False
+    # Prefix-aware routing between workers: the workers' tokenizer (a model folder or hub
+    # name the gateway can read). With it the gateway names a request's prompt blocks as the
+    # engines do and prefers the worker whose prefix cache holds the longest run of them,
+    # less `prefix_load_penalty_tokens` per unit of load (docs/gateway.md).
+    prefix_tokenizer: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    prefix_load_penalty_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 256
 
     @model_validator(mode="after")
     def _check(self) -> DeploymentConfig:

@@ -28,6 +28,7 @@ from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
 from gateway.errors import unavailable
+from workers.engine.prefix_hash import PrefixSummary
 from workers.engine.sampling_params import InvalidRequestError
 from workers.lora.manager import AdapterBusyError
 from workers.periodic import Periodic
@@ -60,6 +61,7 @@ class WorkerDeployment(HttpDeployment):
         if tls is not None:
             self.tls = tls
         self.status: dict[str, Any] = {}  # the latest /stats answer
+        self._summary: tuple[dict[str, Any], PrefixSummary | None] | None = None
         self.reachable = False
         self._registered: dict[str, str] = {}  # engine name -> adapter id this gateway loaded
         self._locks: dict[str, asyncio.Lock] = {}
@@ -108,6 +110,20 @@ class WorkerDeployment(HttpDeployment):
                 "num_running": float(engine.get("num_running", 0)),
                 "kv_cache_usage": float(engine.get("kv_cache_usage", 0.0)),
                 "in_flight": float(self.status.get("in_flight", 0))}
+
+    def prefix_summary(self) -> PrefixSummary | None:
+        raw = self.status.get("prefix")
+        if not isinstance(raw, dict):
+            return None
+        cached = self._summary
+        if cached is None or cached[0] is not raw:  # parsed once per /stats answer
+            try:
+                cached = (raw, PrefixSummary.from_json(raw))
+            except ValueError as exc:
+                logger.warning("worker %s sent a bad prefix summary: %s", self.name, exc)
+                cached = (raw, None)
+            self._summary = cached
+        return cached[1]
 
     def tenant_tokens(self) -> dict[str, int]:
         tenants = self.status.get("tenants") or {}

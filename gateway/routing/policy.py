@@ -7,8 +7,8 @@ Pure functions over what the registry knows, so the choice is testable without a
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from gateway.deployments.base import Deployment
 from gateway.features import Refusal, unsupported
@@ -26,6 +26,8 @@ class Needs:
     logprobs: bool = False
     adapter: str | None = None  # the adapter's engine name, for affinity
     request: OpenAIRequest | None = None  # its fields, each of which the deployment must serve
+    # deployment name -> prompt tokens its prefix cache holds (prefix-aware routing)
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +85,15 @@ def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHe
 
 def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth],
              needs: Needs, rng: random.Random) -> list[Deployment]:
-    """Adapter residency, then price, then load, then expected latency under load per unit
-    of weight; ties (e.g. nothing measured yet) are broken at random in proportion to weight.
+    """Adapter residency, then price, then load less cached prefix, then expected latency
+    under load per unit of weight; ties (e.g. nothing measured yet) are broken at random in
+    proportion to weight.
 
     Load is what a worker reports (queued requests plus KV use, a second old at most) plus
-    this replica's own requests in flight there, which are always current."""
+    this replica's own requests in flight there, which are always current. A worker holding
+    the request's prompt prefix gets one unit of load off per `prefix_load_penalty_tokens`
+    cached tokens: the longest cached prefix wins among equally loaded workers, and loses to
+    a worker idle enough to recompute it sooner."""
     measured = [h.latency_ewma_s for d in usable
                 if (h := health(d.name)).latency_ewma_s is not None]
     unknown = min(measured) if measured else 0.0  # untried deployments look as good as the best
@@ -100,7 +106,9 @@ def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth]
         pressure = 0.0 if reported is None else (reported + h.in_flight) / d.config.weight
         lottery = -rng.random() ** (1.0 / d.config.weight)  # weighted random order
         residency = _residency(d, needs.adapter) if needs.adapter is not None else 0
-        return residency, d.price.per_1m, round(pressure, 2), round(expected, 4), lottery
+        affinity = needs.cached_tokens.get(d.name, 0) / d.config.prefix_load_penalty_tokens
+        return (residency, d.price.per_1m, round(pressure - affinity, 2), round(expected, 4),
+                lottery)
 
     return sorted(usable, key=key)
 

@@ -26,6 +26,8 @@ from sqlalchemy import select
 
 from gateway.app import create_app
 from gateway.deployments.base import engine_adapter_name
+from gateway.request_path import parse_body
+from gateway.routing.prefix import cached_tokens, load_tokenizer
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.models import UsageRecord
 from tests.dbutil import migrated_database
@@ -41,6 +43,7 @@ from tests.gateway.support import (
     wait_http,
 )
 from tests.workers.lora.helpers import make_peft_adapter
+from workers.client import prompt_token_ids
 
 SECRET = "fleet-secret-for-tests"
 REDIS = "redis://127.0.0.1:6379/0"
@@ -129,12 +132,12 @@ def workers(tiny_llama_path, served) -> Iterator[dict[str, Worker]]:
 
 
 @pytest.fixture
-async def fleet(tmp_path, workers, served) -> AsyncIterator[Fleet]:
+async def fleet(tmp_path, workers, served, tiny_llama_path) -> AsyncIterator[Fleet]:
     routing = tmp_path / "routing.yaml"
     routing.write_text(yaml.safe_dump({"deployments": [{
         "name": "pool", "model_name": "tiny", "provider": "worker", "discover": True,
         "upstream_model": served, "input_price_per_1m": "1", "output_price_per_1m": "2",
-        "context_window": 1024}]}))
+        "context_window": 1024, "prefix_tokenizer": str(tiny_llama_path)}]}))
     async with migrated_database("sqlite", tmp_path) as db_url:
         cfg = settings(db_url, tmp_path, deployments_file=routing, redis_url=REDIS,
                        worker_secret=SECRET, worker_stats_interval_s=0.2,
@@ -202,6 +205,63 @@ async def test_workers_charge_the_fair_share_to_the_gateways_tenant(fleet):
     await until(lambda: sum(d.tenant_tokens().get(fleet.tenant.tenant_id, 0)
                             for d in registry.deployments()) == charged[fleet.tenant.tenant_id],
                 what="the polled /stats")
+
+
+SYSTEM = "You answer questions about the history of tea, briefly and with care. " * 12
+
+
+async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
+        fleet, tmp_path, tiny_llama_path):
+    """Turn 1 lands on A (B drained meanwhile); with both idle, every follow-up goes to A,
+    which holds the conversation's prefix; another tenant's identical conversation has no
+    affinity anywhere (its salt differs); and once A is overloaded the next turn goes to B."""
+    a, b = fleet.workers["a"], fleet.workers["b"]
+    name_a, name_b = fleet.deployment(a), fleet.deployment(b)
+    registry = fleet.app.state.gateway.deployments
+    pool = [registry.get(name_a), registry.get(name_b)]
+    ok(await fleet.client.post(f"/admin/deployments/{name_b}/drain", headers=fleet.admin))
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Where?"}]
+    r = await fleet.client.post("/v1/chat/completions", headers=bearer(fleet.tenant.key),
+                                json={**chat_body(6), "messages": messages})
+    assert r.headers["x-switchboard-deployment"] == name_a
+    ok(await fleet.client.post(f"/admin/deployments/{name_b}/drain", headers=fleet.admin,
+                               json={"drain": False}))
+
+    async def affinity(tenant_id: str, request: dict[str, object]) -> dict[str, int]:
+        parsed = parse_body(json.dumps(request).encode(), chat=True)
+        return await cached_tokens(pool, parsed, tenant_id=tenant_id)
+
+    body: dict[str, object] = {**chat_body(6), "messages": messages}
+    for turn in range(3):
+        ids = prompt_token_ids(body, chat=True, tokenizer=load_tokenizer(str(tiny_llama_path)))
+        held = (len(ids) - 1) // 16 * 16  # the last turn's full blocks, now cached on A
+        deadline = time.monotonic() + 15  # until A's polled /stats shows them
+        while (await affinity(fleet.tenant.tenant_id, body)).get(name_a) != held:
+            assert time.monotonic() < deadline, "A's summary never showed the conversation"
+            await asyncio.sleep(0.1)
+        assert held >= 128 and (await affinity(fleet.tenant.tenant_id, body))[name_b] == 0
+        messages = [*messages, {"role": "assistant", "content": r.json()["choices"][0][
+            "message"]["content"]}, {"role": "user", "content": f"And then, part {turn}?"}]
+        body = {**chat_body(6), "messages": messages}
+        assert pool[1].stats()["accepting"] == 1.0
+        r = await fleet.client.post("/v1/chat/completions", headers={
+            **bearer(fleet.tenant.key), "x-switchboard-cache": "off"}, json=body)
+        assert r.headers["x-switchboard-deployment"] == name_a, turn
+
+    other = await seed_tenant(fleet.db_url, tmp_path, name="other-tenant")
+    assert await affinity(other.tenant_id, body) == {name_a: 0, name_b: 0}
+
+    async with httpx.AsyncClient(timeout=120) as direct:  # A: 2 run, 4 wait
+        busy = [asyncio.create_task(direct.post(f"{a.url}/v1/completions", headers=bearer(
+            SECRET), json={"model": fleet.served, "prompt": "x", "max_tokens": LONG,
+                           "ignore_eos": True})) for _ in range(6)]
+        await until(lambda: pool[0].stats()["num_waiting"] >= 4, what="A's queue in /stats")
+        r = await fleet.client.post("/v1/chat/completions", headers={
+            **bearer(fleet.tenant.key), "x-switchboard-cache": "off"}, json=body)
+        assert r.headers["x-switchboard-deployment"] == name_b
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
 
 
 async def test_adapter_requests_go_where_the_adapter_is(fleet, tiny_llama_path, tmp_path):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from workers.engine import prefix_hash
+from workers.engine.prefix_hash import BlockKey, PrefixSummary
 from workers.engine.sequence import Sequence
-
-BlockKey = tuple[int | None, tuple[int, ...], str | None, int | None]
 
 
 class BlockManager:
@@ -126,7 +126,13 @@ class BlockManager:
 
     def _extend_hashes(self, seq: Sequence, num_blocks: int) -> None:
         while len(seq.block_hashes) < num_blocks:
-            seq.block_hashes.append(hash(self._key(seq, len(seq.block_hashes))))
+            seq.block_hashes.append(prefix_hash.block_hash(self._key(seq, len(seq.block_hashes))))
+
+    def summary(self) -> PrefixSummary:
+        """A Bloom filter of the cached blocks' names, for routing (safe from another thread:
+        the copy of the names is one C-level list() under the GIL)."""
+        names = list(self.cached)
+        return PrefixSummary.build(names, self.block_size, capacity=len(names))
 
     def _key(self, seq: Sequence, index: int) -> BlockKey:
         parent = seq.block_hashes[index - 1] if index > 0 else None

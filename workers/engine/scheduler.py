@@ -147,7 +147,8 @@ class Scheduler:
             if seq.tenant in yielded:
                 break  # nor do their new prompts start in this step
             width = seq.sampling_params.n if seq.pending_forks else 1
-            if len(self.running) + width > self.config.max_num_seqs:
+            if (len(self.running) + width > self.config.max_num_seqs
+                    and not self._free_a_seat(seq, width, out)):
                 break
             if not self._lora_fits(seq.lora_id, active):
                 passed_over.append(self.waiting.pop())
@@ -170,14 +171,33 @@ class Scheduler:
             self.waiting.push(seq)
         return out
 
+    def _free_a_seat(self, seq: Sequence, width: int, out: SchedulerOutput) -> bool:
+        """Under `fair`, when every seat (`max_num_seqs`) is taken and `seq`'s tenant has
+        none: preempt the most-served tenant's newest sequence for it. A tenant with a seat
+        waits its turn, so this happens at most once per tenant that finds itself shut out,
+        never back and forth."""
+        if self.config.policy != "fair" or any(s.tenant == seq.tenant for s in self.running):
+            return False
+        level = self.share.counter(seq)
+        while len(self.running) + width > self.config.max_num_seqs:
+            served = [j for j, s in enumerate(self.running) if self.share.counter(s) > level]
+            if not served:
+                return False
+            victim = max(served, key=lambda j: (self.share.counter(self.running[j]),
+                                                self.running[j].sort_key))
+            self._preempt(self.running.pop(victim), out)
+        return True
+
     def _tenants_to_hold_back(self) -> set[str | None]:
         """Under `fair`, when the request admitted next can start this step: the running
         tenants served more than its tenant. Their prefill chunks (and new prompts) sit this
         step out, so a light tenant's short prompt runs in a short step, not beside them."""
-        if (self.config.policy != "fair" or not self.waiting
-                or len(self.running) >= self.config.max_num_seqs):
+        if self.config.policy != "fair" or not self.waiting:
             return set()
         seq = self.waiting.peek()
+        if (len(self.running) >= self.config.max_num_seqs
+                and any(s.tenant == seq.tenant for s in self.running)):
+            return set()  # no seat for it this step (one is freed only for the seatless)
         first = self._capped(min(seq.num_tokens - seq.num_computed_tokens,
                                  self.config.max_num_batched_tokens))
         if (not self._lora_fits(seq.lora_id, self.active_loras())

@@ -47,6 +47,13 @@ class WorkerState:
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats() if self.engine.engine is not None else {}
 
+    def prefix_summary(self) -> dict[str, Any] | None:
+        """The prefix cache's Bloom summary, for gateways that route by cached prefix."""
+        if self.engine.engine is None:
+            return None
+        summary = self.engine.prefix_summary()
+        return None if summary is None else summary.to_json()
+
     def tenant_tokens(self) -> dict[str, int]:
         """Tokens computed per tenant ("" for requests that named none): the fair share."""
         if self.engine.engine is None:
@@ -69,4 +76,5 @@ class WorkerState:
             "serves_adapters": self.serves_adapters,
             "stats": self.engine_stats(), "adapters": await self.adapters() if self.ready else {},
             "tenants": self.tenant_tokens(),
+            "prefix": self.prefix_summary(),
         }

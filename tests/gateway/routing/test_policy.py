@@ -120,3 +120,31 @@ def test_adapter_requests_prefer_where_the_adapter_lives() -> None:
     assert ranked.incapable == 1
     other = rank(ds, Healths().__getitem__, Needs(adapter="t/b"), policy="cost")
     assert names(other.order) == ["cheap-cold", "on-cpu", "on-device"]
+
+
+class Loaded(HttpDeployment):
+    """An HTTP deployment reporting a fixed load, as a worker's /stats would (policy only)."""
+
+    def __init__(self, config: DeploymentConfig, load: float) -> None:
+        super().__init__(config, HttpPool(max_connections=1))
+        self._load = load
+
+    def load(self) -> float:
+        return self._load
+
+
+def loaded(name: str, load: float) -> Loaded:
+    return Loaded(dep(name, prefix_load_penalty_tokens=256).config, load)
+
+
+def test_cached_prefix_is_traded_against_load() -> None:
+    """Score = load - cached tokens / 256: 512 cached tokens are worth two queued requests."""
+    def first(load_a: float, load_b: float, cached_b: int) -> str:
+        ds = [loaded("a", load_a), loaded("b", load_b)]
+        needs = Needs(cached_tokens={"b": cached_b})
+        return rank(ds, Healths().__getitem__, needs, policy="cost").order[0].name
+
+    assert first(1.0, 1.0, 512) == "b"  # equal load: the cached prefix wins
+    assert first(0.0, 1.5, 512) == "b"  # 1.5 - 2 < 0
+    assert first(0.0, 3.0, 512) == "a"  # 3 - 2 > 0: recomputing on the idle one is sooner
+    assert first(1.0, 0.0, 0) == "b"  # nothing cached: plain least-loaded

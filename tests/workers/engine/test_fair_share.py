@@ -151,3 +151,28 @@ def test_prefills_do_not_yield_to_a_request_that_cannot_start():
         out = sched.schedule()
         expected = {"b": [(b.seq_id, 16)], "a": [(a.seq_id, 4)]}[chunks]
         assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == expected
+
+
+def test_a_tenant_shut_out_of_every_seat_gets_one():
+    """max_num_seqs 2, both seats A's: under fair B's request takes the seat of A's newest
+    (preempted, recomputed later) and runs at once; under FCFS B waits for a seat. A tenant
+    that already has a seat never preempts for a second."""
+    for policy in ("fair", "fcfs"):
+        sched = make_scheduler(policy, budget=64, max_seqs=2)
+        a1, a2, b1, b2 = (make_seq(6, tenant="a"), make_seq(6, tenant="a"),
+                          make_seq(5, tenant="b"), make_seq(5, tenant="b"))
+        sched.add(a1)
+        sched.add(a2)
+        decode(sched, sched.schedule())
+        sched.add(b1)
+        sched.add(b2)
+        out = sched.schedule()
+        if policy == "fair":
+            assert out.preempted_seq_ids == [a2.seq_id]
+            assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [
+                (a1.seq_id, 1), (b1.seq_id, 5)]
+            assert a2.status is SequenceStatus.WAITING and b2.status is SequenceStatus.WAITING
+        else:
+            assert out.preempted_seq_ids == []
+            assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [
+                (a1.seq_id, 1), (a2.seq_id, 1)]
