@@ -105,11 +105,15 @@ class WorkerDeployment(HttpDeployment):
 
     def stats(self) -> dict[str, float]:
         engine = self.status.get("stats") or {}
-        return {"reachable": float(self.reachable), "accepting": float(self.accepting),
-                "num_waiting": float(engine.get("num_waiting", 0)),
-                "num_running": float(engine.get("num_running", 0)),
-                "kv_cache_usage": float(engine.get("kv_cache_usage", 0.0)),
-                "in_flight": float(self.status.get("in_flight", 0))}
+        stats = {"reachable": float(self.reachable), "accepting": float(self.accepting),
+                 "num_waiting": float(engine.get("num_waiting", 0)),
+                 "num_running": float(engine.get("num_running", 0)),
+                 "kv_cache_usage": float(engine.get("kv_cache_usage", 0.0)),
+                 "in_flight": float(self.status.get("in_flight", 0))}
+        for name in ("prefix_cache_hit_rate", "num_preemptions"):  # the console shows them
+            if isinstance(engine.get(name), int | float):
+                stats[name] = float(engine[name])
+        return stats
 
     def prefix_summary(self) -> PrefixSummary | None:
         raw = self.status.get("prefix")

@@ -248,6 +248,8 @@ async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
             **bearer(fleet.tenant.key), "x-switchboard-cache": "off"}, json=body)
         assert r.headers["x-switchboard-deployment"] == name_a, turn
 
+    await until(lambda: pool[0].stats().get("prefix_cache_hit_rate", 0) > 0.5,
+                what="A's prefix-cache hits (what the console's workers page shows)")
     other = await seed_tenant(fleet.db_url, tmp_path, name="other-tenant")
     assert await affinity(other.tenant_id, body) == {name_a: 0, name_b: 0}
 
