@@ -51,10 +51,32 @@ def compare(rows: int, in_features: int, out_features: int, rounds: int) -> dict
             "max_abs_diff": float((mkl() - dnn()).abs().max())}
 
 
+def compare_packed(rows: int, in_features: int, out_features: int, rounds: int,
+                   hint: int) -> dict[str, float]:
+    """oneDNN on the plain weight against oneDNN on the weight reordered once into its
+    blocked layout (what inductor's freezing does), packed for `hint` rows and used at any."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=g)
+    weight = torch.randn(out_features, in_features, generator=g) * in_features**-0.5
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, hint)
+    plain = lambda: onednn_linear(x, weight)  # noqa: E731
+    blocked = lambda: torch.ops.mkldnn._linear_pointwise(  # noqa: E731
+        x, packed, None, "none", [None], "")
+    calls = 3 if rows * out_features > 1 << 24 else 10
+    plain_ms, packed_ms = interleaved(plain, blocked, rounds, calls)
+    flops = 2 * rows * in_features * out_features
+    return {"torch_us": plain_ms * 1e3, "onednn_us": packed_ms * 1e3,
+            "torch_gflops": flops / plain_ms / 1e6, "onednn_gflops": flops / packed_ms / 1e6,
+            "max_abs_diff": float((plain() - blocked()).abs().max())}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,4,16,64,512,2048")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--packed", type=int, default=0, metavar="HINT",
+                        help="instead: oneDNN plain weight (left columns) vs weight reordered "
+                             "once for HINT rows (right columns)")
     args = parser.parse_args()
     if not onednn_available():
         print("this PyTorch has no oneDNN linear op")
@@ -65,8 +87,10 @@ def main() -> int:
             for name, fan_in, fan_out in SHAPES:
                 if name == "lm_head" and rows > 64:  # the head sees one row per sampled sequence
                     continue
+                timed = (compare_packed(rows, fan_in, fan_out, args.rounds, args.packed)
+                         if args.packed else compare(rows, fan_in, fan_out, args.rounds))
                 results.append({"rows": rows, "shape": name, "in": fan_in, "out": fan_out,
-                                **compare(rows, fan_in, fan_out, args.rounds)})
+                                **timed})
     report = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
@@ -74,7 +98,8 @@ def main() -> int:
     }
     RESULTS.mkdir(exist_ok=True)
     full = args.rows == parser.get_default("rows") and args.rounds == parser.get_default("rounds")
-    out = RESULTS / f"cpu_gemm-cpu{'' if full else '-smoke'}.json"  # a narrow run is a smoke
+    kind = f"cpu_gemm_packed{args.packed}" if args.packed else "cpu_gemm"
+    out = RESULTS / f"{kind}-cpu{'' if full else '-smoke'}.json"  # a narrow run is a smoke
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"cpu_gemm  {report['date']}  {report['machine']}  threads {report['threads']}  "
           f"float32")

@@ -119,7 +119,7 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--prefill-attention", choices=("auto", "flash", "masked"),
                         default="auto", help="prompt chunks after cached context (auto: "
                                              "flash on CPU)")
-    worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn"),
+    worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn", "onednn_packed"),
                         default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
     worker.add_argument("--worker-id", default=None, help="default: host:port")
     worker.add_argument("--register-redis", default=None, metavar="URL",

@@ -32,7 +32,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
-    linear_backend: str = "auto"  # auto | torch | onednn (projections' GEMM; auto on CPU)
+    # auto | torch | onednn | onednn_packed (weights blocked once at load); projections' GEMM
+    linear_backend: str = "auto"
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

@@ -141,12 +141,13 @@ def test_triton_decode_kernel_matches_hf(tiny_llama_path, reference):
 
 @pytest.mark.parametrize(("knob", "backend"), [
     ("linear_backend", "torch"), ("linear_backend", "onednn"),
+    ("linear_backend", "onednn_packed"),
     ("attention_backend", "torch"), ("attention_backend", "cpu"),
 ])
 def test_each_cpu_backend_matches_hf(tiny_llama_path, reference, knob, backend):
     """Both projection GEMMs and both CPU decode-attention paths (auto picks oneDNN and the C
     kernel on CPU), token for token, with decodes and prefill chunks sharing steps."""
-    if backend == "onednn" and not onednn_available():
+    if backend.startswith("onednn") and not onednn_available():
         pytest.skip("PyTorch built without oneDNN")
     prompts, expected = reference
     llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,

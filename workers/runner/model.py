@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
-from workers.runner.linear import Linear, LinearKernel
+from workers.runner.linear import Linear, LinearKernel, pack_weight
 from workers.runner.lora import LoRABatch
 from workers.runner.rope import RotaryEmbedding, apply_rotary
 
@@ -137,6 +137,13 @@ class LlamaModel(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.kernel = kernel
+
+    def pack_linears(self) -> None:
+        """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
+        A tied LM head reads the embedding, which lookups need dense: it stays as it is."""
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.weight = nn.Parameter(pack_weight(module.weight), requires_grad=False)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,

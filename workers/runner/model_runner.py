@@ -101,6 +101,8 @@ class ModelRunner:
         model.eval()
         linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
         model.use_linear_kernel(linear_kernel(linear_backend))
+        if linear_backend == "onednn_packed":
+            model.pack_linears()
         head_dim = model.layers[0].self_attn.head_dim
         backend = pick_attention_backend(
             config.attention_backend, config.device, config.block_size, head_dim,

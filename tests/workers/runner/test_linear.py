@@ -13,6 +13,7 @@ from workers.runner.linear import (
     onednn_available,
     onednn_linear,
     onednn_runs,
+    pack_weight,
     pick_linear_backend,
 )
 from workers.runner.model import LlamaModel
@@ -140,3 +141,18 @@ def test_use_linear_kernel_routes_every_projection_and_the_tied_head():
     model.layers[0].mlp(x, None)
     model.compute_logits(x)
     assert calls == [(256, 64), (64, 128), (300, 64)]
+
+
+@needs_onednn
+def test_packed_weights_give_the_plain_product_and_batch_invariant_rows():
+    """A weight blocked once (`onednn_packed`) gives oneDNN's product on the dense weight,
+    and a row's result does not depend on its batch mates, from 2 rows up."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 576, generator=gen)
+    weight = torch.randn(960, 576, generator=gen)
+    packed = pack_weight(weight)
+    assert packed.is_mkldnn and packed.shape == weight.shape
+    full = onednn_linear(x, packed)
+    torch.testing.assert_close(full, onednn_linear(x, weight), rtol=1e-5, atol=1e-4)
+    for rows in (2, 7, 16, 33):
+        assert torch.equal(onednn_linear(x[:rows].contiguous(), packed), full[:rows])
