@@ -68,26 +68,21 @@ def _percent(value: str) -> int:
     return number
 
 
-def _threshold(value: str) -> float:
-    """A cosine similarity in (0, 1]."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not 0 < number <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1]: {value!r}")
-    return number
+def _above_zero_up_to(high: float) -> Callable[[str], float]:
+    """A number in (0, high] (NaN fails the test too)."""
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
+        if not 0 < number <= high:
+            raise argparse.ArgumentTypeError(f"must be in (0, {high:g}]: {value!r}")
+        return number
+    return parse
 
 
-def _engine_weight(value: str) -> float:
-    """A share of engine tokens relative to other tenants' weights, in (0, 100]."""
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-    if not 0 < number <= 100:  # NaN fails this too
-        raise argparse.ArgumentTypeError(f"must be in (0, 100]: {value!r}")
-    return number
+_threshold = _above_zero_up_to(1)  # a cosine similarity
+_engine_weight = _above_zero_up_to(100)  # a share of engine tokens, relative to others'
 
 
 def _priority(value: str) -> int:
