@@ -94,9 +94,12 @@ class AsyncLLMEngine:
     def prefix_summary(self) -> PrefixSummary | None:
         return self._require_engine().prefix_summary()
 
-    def tenant_tokens(self) -> dict[str | None, int]:
-        """Tokens computed per tenant (a copy, safe to take beside the step thread)."""
-        return self._require_engine().tenant_tokens()
+    def tenant_tokens(self) -> dict[str, int]:
+        """Tokens computed per tenant, "" for requests that named none (a copy, safe to take
+        beside the step thread; empty before start)."""
+        if self.engine is None:
+            return {}
+        return {tenant or "": n for tenant, n in self.engine.tenant_tokens().items()}
 
     async def generate(
         self,

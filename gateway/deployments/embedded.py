@@ -52,9 +52,7 @@ class EmbeddedDeployment(Deployment):
         return self.engine.stats()
 
     def tenant_tokens(self) -> dict[str, int]:
-        if self.engine.engine is None:
-            return {}
-        return {tenant or "": n for tenant, n in self.engine.tenant_tokens().items()}
+        return self.engine.tenant_tokens()
 
     @property
     def serves_adapters(self) -> bool:

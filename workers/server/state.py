@@ -54,12 +54,6 @@ class WorkerState:
         summary = self.engine.prefix_summary()
         return None if summary is None else summary.to_json()
 
-    def tenant_tokens(self) -> dict[str, int]:
-        """Tokens computed per tenant ("" for requests that named none): the fair share."""
-        if self.engine.engine is None:
-            return {}
-        return {tenant or "": n for tenant, n in self.engine.tenant_tokens().items()}
-
     async def adapters(self) -> dict[str, dict[str, Any]]:
         if not self.serves_adapters:
             return {}
@@ -75,6 +69,6 @@ class WorkerState:
             "draining": self.draining, "in_flight": self.in_flight,
             "serves_adapters": self.serves_adapters,
             "stats": self.engine_stats(), "adapters": await self.adapters() if self.ready else {},
-            "tenants": self.tenant_tokens(),
+            "tenants": self.engine.tenant_tokens(),  # the fair share, "" for no tenant
             "prefix": self.prefix_summary(),
         }
