@@ -121,6 +121,12 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
                                              "flash on CPU)")
     worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn", "onednn_packed"),
                         default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
+    worker.add_argument("--quantization", choices=("none", "int8"), default="none",
+                        help="weights: int8 keeps projections, embedding and LM head as int8 "
+                             "with per-channel scales")
+    worker.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
+                        help="KV cache: auto (the model dtype) or int8 with a scale per token "
+                             "and head")
     worker.add_argument("--worker-id", default=None, help="default: host:port")
     worker.add_argument("--register-redis", default=None, metavar="URL",
                         help="announce this worker in Redis with heartbeats (gateway discovery)")
@@ -147,6 +153,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
         prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
     )
     scheme = "https" if args.ssl_certfile else "http"
     advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"

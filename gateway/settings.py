@@ -33,6 +33,10 @@ class Settings(BaseSettings):
     embedded_long_prefill_token_threshold: int = 512
     # fair: the least-served tenant's requests first, by plan weight; fcfs: arrival order.
     embedded_scheduling_policy: Literal["fair", "fcfs"] = "fair"
+    # int8: weights as int8 with per-channel scales; KV as int8 with per-token scales
+    # (docs/engine.md, "Quantization")
+    embedded_quantization: Literal["none", "int8"] = "none"
+    embedded_kv_cache_dtype: Literal["auto", "int8"] = "auto"
     embedded_tool_call_parser: str = "hermes"  # hermes | llama3_json
     # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
     embedded_input_price_per_1m: Decimal = Decimal("0.05")

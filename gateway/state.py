@@ -125,6 +125,8 @@ class GatewayState:
             max_num_seqs=self.settings.embedded_max_num_seqs,
             long_prefill_token_threshold=self.settings.embedded_long_prefill_token_threshold,
             scheduling_policy=self.settings.embedded_scheduling_policy,
+            quantization=self.settings.embedded_quantization,
+            kv_cache_dtype=self.settings.embedded_kv_cache_dtype,
             enable_lora=self.settings.embedded_enable_lora,
             max_loras=self.settings.embedded_max_loras,
             max_lora_rank=self.settings.embedded_max_lora_rank,

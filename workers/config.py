@@ -34,6 +34,11 @@ class EngineArgs:
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
     # auto | torch | onednn | onednn_packed (weights blocked once at load); projections' GEMM
     linear_backend: str = "auto"
+    # none | int8: projections, embedding and LM head as int8 with per-channel scales
+    # (workers/runner/quantization.py)
+    quantization: str = "none"
+    # auto (the model dtype) | int8: K/V rows as int8 with a float32 scale per token and head
+    kv_cache_dtype: str = "auto"
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

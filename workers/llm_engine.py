@@ -142,6 +142,8 @@ class LLMEngine:
                 attention_backend=args.attention_backend,
                 prefill_attention=args.prefill_attention,
                 linear_backend=args.linear_backend,
+                quantization=args.quantization,
+                kv_cache_dtype=args.kv_cache_dtype,
             ),
             hf_config,
             eos,

@@ -158,5 +158,8 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return self.linear_kernel(hidden, weight, None).float()
+        """A tied head reads the embedding, unless quantization gave it its own module
+        (`quantization.quantize_weights`: the int8 table shared with the embedding)."""
+        if hasattr(self, "lm_head"):
+            return self.lm_head(hidden).float()
+        return self.linear_kernel(hidden, self.embed_tokens.weight, None).float()

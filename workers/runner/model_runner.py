@@ -25,6 +25,7 @@ from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
+from workers.runner.quantization import quantize
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 from workers.runner.token_mask import TokenMask
 
@@ -43,6 +44,8 @@ class RunnerConfig:
     attention_backend: str = "auto"
     linear_backend: str = "auto"
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
+    quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
+    kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -101,6 +104,7 @@ class ModelRunner:
         model.eval()
         linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
         model.use_linear_kernel(linear_kernel(linear_backend))
+        quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
         if linear_backend == "onednn_packed":
             model.pack_linears()
         head_dim = model.layers[0].self_attn.head_dim

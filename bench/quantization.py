@@ -1,0 +1,101 @@
+"""Weight-only int8 GEMMs on CPU: which kernel serves `quantization: int8` (docs/benchmarks.md).
+
+Times, on SmolLM2-135M's projection shapes at 1/8/64/256 rows, each int8 candidate against
+the float32 oneDNN matmul the engine uses without quantization:
+
+- `tiled`: the engine's kernel (`workers/runner/quantization.py`): the int8 weight cast tile
+  by tile into cache-sized float tiles, each through oneDNN, output columns scaled after;
+- `whole`: the whole weight cast per call, then oneDNN (dequantize-on-the-fly, no tiling);
+- `pack`: PyTorch's fused `torch._weight_int8pack_mm` (skipped past --pack-rows: it walks the
+  weight once per row and takes seconds there).
+
+Each candidate runs interleaved with the float side (bench/timing.py), so a shared machine's
+drift hits both. Weights are cold per call only as far as the shapes exceed the caches: the
+LM head's (113 MB float32) does, the layers' (1-7 MB) stay in L3, which favours float here;
+the engine figures (bench/engine_throughput.py) are the ones that decide.
+
+Usage: .venv/bin/python bench/quantization.py [--rows 1,8,64,256] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from bench.cpu_gemm import SHAPES  # noqa: E402
+from bench.machine import cpu_model  # noqa: E402
+from bench.timing import interleaved  # noqa: E402
+from workers.runner.linear import onednn_linear  # noqa: E402
+from workers.runner.quantization import int8_linear, quantize_per_channel  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def candidates(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, pack: bool) -> dict:
+    out = {
+        "tiled": lambda: int8_linear(x, q, scale, None, onednn_linear),
+        "whole": lambda: onednn_linear(x, q.to(x.dtype)).mul_(scale),
+    }
+    if pack:
+        out["pack"] = lambda: torch._weight_int8pack_mm(x, q, scale)
+    return out
+
+
+def compare(rows: int, in_features: int, out_features: int, rounds: int,
+            pack_rows: int) -> dict[str, float]:
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=g)
+    weight = torch.randn(out_features, in_features, generator=g) * in_features**-0.5
+    q, scale = quantize_per_channel(weight)
+    dense = lambda: onednn_linear(x, weight)  # noqa: E731
+    calls = 3 if rows * out_features > 1 << 22 else 10
+    result: dict[str, float] = {}
+    for name, fn in candidates(x, q, scale, rows <= pack_rows).items():
+        float_ms, int8_ms = interleaved(dense, fn, rounds, calls)
+        result.setdefault("float_us", float_ms * 1e3)
+        result[f"{name}_us"] = int8_ms * 1e3
+        result[f"{name}_err"] = float((fn() - dense()).abs().max())
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,8,64,256")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--pack-rows", type=int, default=8,
+                        help="run _weight_int8pack_mm up to this many rows")
+    parser.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    args = parser.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    wanted = args.shapes.split(",")
+    table = []
+    for name, k, n in SHAPES:
+        if name not in wanted:
+            continue
+        for rows in rows_list:
+            r = compare(rows, k, n, args.rounds, args.pack_rows)
+            table.append({"shape": name, "in": k, "out": n, "rows": rows, **r})
+            cells = "  ".join(f"{c[:-3]} {r[c]:9.0f}us ({r['float_us'] / r[c]:4.2f}x)"
+                              for c in r if c.endswith("_us") and c != "float_us")
+            print(f"{name:8} {rows:4}  float {r['float_us']:9.0f}us  {cells}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    out = RESULTS / "quantization-cpu.json"
+    out.write_text(json.dumps({"cpu": cpu_model(), "torch": torch.__version__,
+                               "threads": torch.get_num_threads(), "time": stamp,
+                               "rows": table}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""Weight-only int8: the kernel computes exactly the dequantized product, the model keeps a
+quarter of the bytes, and the engine on int8 weights equals the engine on a float checkpoint
+whose weights already lie on the int8 grid (quantizing those again changes nothing), LoRA
+rows included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter
+from workers import LLM, SamplingParams
+from workers.runner import quantization
+from workers.runner.linear import onednn_available, onednn_linear
+from workers.runner.quantization import (
+    Int8Embedding,
+    Int8Linear,
+    int8_linear,
+    quantize,
+    quantize_per_channel,
+    weight_bytes,
+)
+
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def test_per_channel_round_trip_is_within_half_a_step():
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(48, 80, generator=gen) * torch.rand(48, 1, generator=gen) * 3
+    weight[5] = 0  # an all-zero channel keeps a usable scale
+    q, scale = quantize_per_channel(weight)
+    assert q.dtype == torch.int8 and scale.shape == (48,)
+    assert int(q.abs().max()) == 127
+    error = (q.float() * scale[:, None] - weight).abs()
+    assert torch.all(error <= scale[:, None] / 2 + 1e-6)
+    assert torch.all(q[5] == 0) and scale[5] == 1
+
+
+@pytest.mark.parametrize("tile_bytes", [1 << 30, 64 * 40 * 4])  # one tile; several, uneven
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_linear_is_the_dequantized_product(monkeypatch, tile_bytes, rows, bias):
+    monkeypatch.setattr(quantization, "CPU_TILE_BYTES", tile_bytes)
+    gen = torch.Generator().manual_seed(rows)
+    q, scale = quantize_per_channel(torch.randn(200, 40, generator=gen))
+    x = torch.randn(rows, 40, generator=gen)
+    b = torch.randn(200, generator=gen) if bias else None
+    expected = F.linear(x, q.float() * scale[:, None], b)
+    torch.testing.assert_close(int8_linear(x, q, scale, b), expected, rtol=1e-5, atol=1e-4)
+    if onednn_available():
+        torch.testing.assert_close(int8_linear(x, q, scale, b, onednn_linear), expected,
+                                   rtol=1e-5, atol=1e-4)
+
+
+def _tiny_model(tiny_llama_path: Path, tie: bool = True):
+    from transformers import AutoConfig
+
+    from workers.runner.loader import load_weights
+    from workers.runner.model import LlamaModel
+
+    config = AutoConfig.from_pretrained(tiny_llama_path)
+    model = LlamaModel(config, 64).requires_grad_(False)
+    load_weights(model, tiny_llama_path)
+    if not tie:  # an untied head of its own, to cover that branch too
+        config.tie_word_embeddings = False
+        untied = LlamaModel(config, 64).requires_grad_(False)
+        untied.load_state_dict(model.state_dict(), strict=False)
+        untied.lm_head.weight.copy_(model.embed_tokens.weight.flip(0))
+        model = untied
+    return model.eval()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_quantized_model_keeps_a_quarter_of_the_bytes(tiny_llama_path, tie):
+    model = _tiny_model(tiny_llama_path, tie)
+    float_bytes = weight_bytes(model)
+    quantize(model, "int8", "torch")
+    linears = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == 4 * model.config.num_hidden_layers + 1  # and the LM head
+    assert isinstance(model.embed_tokens, Int8Embedding)
+    assert weight_bytes(model) <= 0.3 * float_bytes
+    # the model's parameters are the float ones left (norms): what the runner reads its dtype
+    # and device from
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_quantization_names_are_checked(tiny_llama_path):
+    model = _tiny_model(tiny_llama_path)
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        quantize(model, "int4", "torch")
+    with pytest.raises(ValueError, match="onednn_packed"):
+        quantize(model, "int8", "onednn_packed")
+    quantize(model, "none", "torch")
+    assert not any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def on_int8_grid(source: Path, out: Path) -> Path:
+    """The checkpoint with every matrix quantized and dequantized (norms untouched)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                q, scale = quantize_per_channel(param)
+                param.copy_(q.float() * scale[:, None])
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(source).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def grid_llama(tmp_path_factory, tiny_llama_path) -> Path:
+    return on_int8_grid(tiny_llama_path, tmp_path_factory.mktemp("grid-llama"))
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(3)
+    return [torch.randint(3, 2000, (n,), generator=gen).tolist() for n in (5, 17, 40, 9)]
+
+
+def test_int8_engine_equals_float_on_grid_weights(grid_llama):
+    float_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20)
+    int8_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, quantization="int8")
+    expected = [o.token_ids for o in float_llm.generate(prompts(), PARAMS)]
+    assert [o.token_ids for o in int8_llm.generate(prompts(), PARAMS)] == expected
+
+
+def test_int8_engine_with_lora_rows_equals_float(grid_llama, tmp_path):
+    adapter = make_peft_adapter(grid_llama, tmp_path / "lora", seed=1, r=8,
+                                target_modules=ALL_MODULES)
+    outs = []
+    for quant in ("none", "int8"):
+        llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, enable_lora=True,
+                  quantization=quant)
+        llm.add_lora("a", str(adapter))
+        mixed = llm.generate(prompts(), PARAMS, lora=["a", None, "a", None])
+        outs.append([o.token_ids for o in mixed])
+    assert outs[0] == outs[1]

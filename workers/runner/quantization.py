@@ -1,0 +1,141 @@
+"""Weight-only int8: every projection, the embedding and the LM head stored as int8 with one
+float scale per output channel (symmetric, `w ~ q * scale[:, None]`), a quarter of float32.
+
+The scale factors out of the dot product, `x @ (q * s).T == (x @ q.T) * s`, so a matmul casts
+int8 to the activation dtype and scales the output columns afterwards. Measured on a 2-core
+AVX2 EPYC (`bench/quantization.py`, docs/benchmarks.md): PyTorch's fused
+`_weight_int8pack_mm` is 4-25x slower than oneDNN's float32 matmul at 1-8 rows and worse
+beyond (it walks the weight once per row), oneDNN's int8 `qlinear` needs quantized
+activations (not weight-only) and this torch has no torchao. So the kernel here casts the
+weight tile by tile into a small float buffer that stays in cache and hands each tile to the
+runner's float matmul (oneDNN on CPU, cuBLAS on CUDA): the weight streams from memory as
+int8, and every tile's cast is shared by all the rows of the step.
+
+The tied LM head is quantized with the embedding: the head's per-output-channel scales are
+the embedding's per-row scales, so one int8 table serves token lookups and logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.runner.linear import Linear, LinearKernel, linear_kernel
+
+QUANTIZATIONS = ("none", "int8")
+# Bytes of float weight one tile casts into: a few per core's L2 on CPU. CUDA takes the whole
+# weight at once (a cast there is a bandwidth-bound kernel, not a cache question).
+CPU_TILE_BYTES = 1 << 20
+
+
+def check_quantization(name: str) -> str:
+    if name not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
+    return name
+
+
+def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per output channel (row): `(q, scale)` with `weight ~ q * scale[:, None]`.
+
+    An all-zero row gets scale 1 (its values are 0 either way)."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None, matmul: LinearKernel = F.linear) -> torch.Tensor:
+    """`F.linear(x, qweight * scale[:, None], bias)`, reading the int8 weight tile by tile."""
+    out_features, in_features = qweight.shape
+    if x.device.type == "cpu":
+        tile = max(64, CPU_TILE_BYTES // (in_features * x.element_size()))
+    else:
+        tile = out_features
+    if tile >= out_features:
+        out = matmul(x, qweight.to(x.dtype), None)
+    else:
+        out = torch.cat([matmul(x, qweight[start : start + tile].to(x.dtype), None)
+                         for start in range(0, out_features, tile)], dim=-1)
+    out.mul_(scale.to(out.dtype))
+    return out if bias is None else out.add_(bias)
+
+
+class Int8Linear(nn.Module):
+    """A projection whose weight is int8 with per-output-channel scales (buffers, so the
+    model's parameters stay the float ones: norms, and anything not quantized)."""
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 matmul: LinearKernel) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+        self.matmul = matmul
+
+    @classmethod
+    def from_linear(cls, linear: Linear, matmul: LinearKernel) -> Int8Linear:
+        q, scale = quantize_per_channel(linear.weight)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(q, scale.to(linear.weight.dtype), bias, matmul)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.qweight, self.scale, self.bias, self.matmul)
+
+
+class Int8Embedding(nn.Module):
+    """Token embeddings as int8 rows with one scale per token (the tied head's channels)."""
+
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        q, scale = quantize_per_channel(embedding.weight)
+        self.dtype = embedding.weight.dtype
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale.to(self.dtype))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.qweight[ids].to(self.dtype) * self.scale[ids].unsqueeze(-1)
+
+
+def quantize_weights(model: nn.Module, matmul: LinearKernel) -> None:
+    """Replace every projection, the embedding and the LM head (tied or not) by int8 ones.
+
+    The float weights are loaded first and dropped here, one module at a time. `matmul` is
+    the float kernel each tile goes through (the runner's picked linear backend)."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Linear):
+                setattr(parent, name, Int8Linear.from_linear(child, matmul))
+    embedding = Int8Embedding(model.embed_tokens)
+    model.embed_tokens = embedding
+    if model.tie_word_embeddings:  # one int8 table, two uses
+        model.lm_head = Int8Linear(embedding.qweight, embedding.scale, None, matmul)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights (parameters and int8 buffers, each storage once); the
+    rotary tables, which are a cache of the positions and not weights, are left out."""
+    seen: set[int] = set()
+    total = 0
+    tensors = list(model.parameters())
+    tensors += [t for n, t in model.named_buffers() if not n.startswith("rotary.")]
+    for tensor in tensors:
+        if tensor is None or tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def quantize(model: nn.Module, quantization: str, linear_backend: str) -> None:
+    """Apply the engine's `quantization` to a loaded model whose projections already use
+    `linear_backend`'s kernel; `none` leaves it as it is."""
+    if check_quantization(quantization) == "none":
+        return
+    if linear_backend == "onednn_packed":
+        raise ValueError("linear_backend 'onednn_packed' blocks float weights; with "
+                         "quantization 'int8' use auto, onednn or torch")
+    quantize_weights(model, linear_kernel(linear_backend))
