@@ -39,6 +39,9 @@ class EngineArgs:
     quantization: str = "none"
     # auto (the model dtype) | int8: K/V rows as int8 with a float32 scale per token and head
     kv_cache_dtype: str = "auto"
+    # Speculative decoding: None (off) or {"method": "ngram", "num_tokens": k, ...}
+    # (workers/engine/speculative.py SpeculativeConfig)
+    speculative: dict | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineArgs:

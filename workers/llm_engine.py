@@ -22,6 +22,7 @@ from workers.engine.prefix_hash import PrefixSummary
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from workers.engine.sequence import FinishReason, PromptProgress, RequestMetrics, Sequence
+from workers.engine.speculative import SpecStats, SpeculativeConfig, check_request_tokens
 from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class LLMEngine:
                 long_prefill_token_threshold=args.long_prefill_token_threshold,
                 policy=args.scheduling_policy,
                 max_loras=args.max_loras if args.enable_lora else 0,
+                speculative=SpeculativeConfig.parse(args.speculative),
             ),
             self.block_manager,
             self.loras.pinned_ids if self.loras else None,
@@ -113,6 +115,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self._grammars: Any = None  # StructuredBackend, built for the first structured request
         self._grammars_lock = threading.Lock()
+        self.spec_stats = SpecStats()
 
     @classmethod
     def from_args(cls, **kwargs: Any) -> LLMEngine:
@@ -195,6 +198,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"n={params.n} exceeds max_num_seqs={self.scheduler.config.max_num_seqs}"
             )
+        check_request_tokens(params.speculative_tokens, self.scheduler.config.speculative)
         text, token_ids = self._tokenize(prompt)
         max_tokens = self._check_length(len(token_ids), params)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
@@ -371,6 +375,8 @@ class LLMEngine:
             "prefix_cache_hit_tokens": self.block_manager.num_hit_tokens,
             "prefix_cache_queried_tokens": self.block_manager.num_queried_tokens,
         }
+        if self.scheduler.config.speculative is not None:
+            stats.update(self.spec_stats.figures())
         if self.loras is not None:
             stats.update(
                 num_loras=len(self.loras.entries),
@@ -431,6 +437,9 @@ class LLMEngine:
             seq = self._seqs[seq_id]
             request = self._requests[seq.request_id]
             touched[request.request_id] = request
+            if result.num_drafts:
+                self._accept_verified(request, seq, result, now)
+                continue
             tokens = result.token_ids
             logprobs = result.logprobs or [None] * len(tokens)
             children = self._fork(request, seq, tokens[1:]) if seq.pending_forks else []
@@ -458,6 +467,25 @@ class LLMEngine:
             self.scheduler.fork(parent, child)
             children.append(child)
         return children
+
+    def _accept_verified(self, request: _Request, seq: Sequence, result: Any,
+                         now: float) -> None:
+        """A speculating step's tokens: the proposals the model kept, then one of its own.
+        The KV of the last token and of each kept proposal is valid; the rest is rolled back
+        (`num_computed_tokens`, and the blocks past the tokens go back to the pool)."""
+        tokens = result.token_ids
+        self.spec_stats.record(result.num_drafts, len(tokens) - 1)
+        logprobs = result.logprobs or [None] * len(tokens)
+        seq.num_computed_tokens = seq.num_tokens  # through the step's first position
+        for j, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+            if j:
+                seq.num_computed_tokens += 1  # the kept proposal before this token
+                if seq.sample_index == 0:
+                    request.metrics.num_token_steps += 1  # a position of its own, for TPOT
+            self._accept(request, seq, token, logprob, now)
+            if seq.is_finished:
+                return
+        self.block_manager.trim(seq)
 
     def _accept(
         self, request: _Request, seq: Sequence, token: int, logprob: TokenLogprob | None,

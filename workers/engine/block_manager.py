@@ -101,6 +101,17 @@ class BlockManager:
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_hashes = list(parent.block_hashes)
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the sequence's tokens: the tail a speculative step
+        wrote for proposals the model rejected. Names are untouched: only blocks of computed,
+        kept tokens are ever named (`_register_computed`)."""
+        keep = -(-seq.num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self.free_block_ids[block_id] = None
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's references; blocks no one holds go back to the pool."""
         if self.enable_caching:

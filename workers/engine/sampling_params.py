@@ -51,6 +51,9 @@ class SamplingParams:
     # output processor outside the engine step detokenizes, and stops the sample with
     # `stop_sample`); EOS, stop token ids and max_tokens still end it here.
     detokenize: bool = True
+    # Proposed tokens per step under the engine's speculative decoding: None is the engine's
+    # own k; a request may lower it (0: off for this request), never raise it.
+    speculative_tokens: int | None = None
 
     MAX_LOGPROBS = 20
 
@@ -94,6 +97,13 @@ class SamplingParams:
             ),
             (len(self.stop) <= 16, "at most 16 stop strings"),
             (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be >= 0"),
+            (
+                self.speculative_tokens is None or (
+                    isinstance(self.speculative_tokens, int)
+                    and not isinstance(self.speculative_tokens, bool)
+                    and 0 <= self.speculative_tokens <= 16),
+                "speculative_tokens must be an integer in [0, 16]",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -21,6 +21,7 @@ from workers.engine.fair_share import FairQueue, FairShare
 from workers.engine.queue_policy import PriorityFCFSQueue
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.sequence import Sequence, SequenceStatus
+from workers.engine.speculative import NgramIndex, SpeculativeConfig
 from workers.engine.structured import TokenMatcher
 
 
@@ -41,6 +42,9 @@ class ScheduledChunk:
     lora_id: int | None = None
     lora_slot: int = -1  # set by the engine once slots are assigned; -1 is the base model
     grammar: TokenMatcher | None = None  # the sequence's matcher, on sampling chunks only
+    # speculative decoding: the proposed tokens, the tail of `token_ids`; every position of
+    # the chunk is scored and the sampler keeps what the model agrees with
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +84,7 @@ class SchedulerConfig:
     # memory pressure preempts the most-served tenant's newest request; "fcfs": priority,
     # then arrival, for admission and (reversed) for preemption.
     policy: str = "fair"
+    speculative: SpeculativeConfig | None = None  # None: no proposals
 
 
 POLICIES = ("fair", "fcfs")
@@ -118,6 +123,7 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         prefill_room = budget - cap if cap and self.waiting else budget
         yielded = self._tenants_to_hold_back()  # their prefills sit this step out
+        speculate = self._speculation_pays()
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -132,8 +138,9 @@ class Scheduler:
                 continue
             if not self._make_room(i, num_new, out):
                 continue  # seq itself was preempted: running[i] is the next one now
-            out.chunks.append(self._allocate(seq, num_new, out))
-            budget -= num_new
+            drafts = self._propose(seq, budget - num_new) if speculate and num_new == 1 else []
+            out.chunks.append(self._allocate(seq, num_new, out, drafts))
+            budget -= num_new + len(drafts)
             i += 1
         if out.preempted_seq_ids:
             return out  # memory is short: admit nothing new this step
@@ -207,6 +214,36 @@ class Scheduler:
         return {s.tenant for s in self.running
                 if s.tenant != seq.tenant and self.share.counter(s) > level}
 
+    def _speculation_pays(self) -> bool:
+        spec = self.config.speculative
+        return spec is not None and sum(
+            1 for s in self.running if s.num_computed_tokens + 1 == s.num_tokens
+        ) <= spec.max_batch
+
+    def _propose(self, seq: Sequence, room: int) -> list[int]:
+        """Draft tokens for a decoding sequence: none for rows whose next-token rule depends
+        on the tokens before it in ways the sampler does not replay per position (grammars,
+        penalties), nor where they would not fit the budget, `max_tokens` or the free blocks
+        (a proposal never preempts anyone)."""
+        spec = self.config.speculative
+        params = seq.sampling_params
+        if (spec is None or seq.num_output_tokens == 0 or seq.pending_forks
+                or seq.num_computed_tokens + 1 != seq.num_tokens
+                or seq.grammar is not None or params.uses_penalties):
+            return []
+        k = spec.num_tokens
+        if params.speculative_tokens is not None:
+            k = min(k, params.speculative_tokens)
+        k = min(k, room, (params.max_tokens or 0) - seq.num_output_tokens - 1)
+        if k <= 0:
+            return []
+        if seq.ngram is None:
+            seq.ngram = NgramIndex(spec.ngram_min, spec.ngram_max)
+        drafts = seq.ngram.propose(seq.token_ids, k)
+        while drafts and not self.block_manager.can_allocate_slots(seq, 1 + len(drafts)):
+            drafts.pop()
+        return drafts
+
     def _capped(self, num_new: int) -> int:
         """A prompt chunk cut to `long_prefill_token_threshold`."""
         cap = self.config.long_prefill_token_threshold
@@ -269,6 +306,9 @@ class Scheduler:
         return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        for chunk in out.chunks:
+            if chunk.seq_id == seq.seq_id:  # scheduled this step, now dropped: not computed
+                seq.num_computed_tokens -= chunk.num_tokens
         out.chunks = [chunk for chunk in out.chunks if chunk.seq_id != seq.seq_id]
         self.block_manager.free(seq)
         self.waiting.push(seq)
@@ -276,20 +316,25 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted_seq_ids.append(seq.seq_id)
 
-    def _allocate(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> ScheduledChunk:
-        out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, num_new))
+    def _allocate(self, seq: Sequence, num_new: int, out: SchedulerOutput,
+                  drafts: list[int] | None = None) -> ScheduledChunk:
+        """Slots for `num_new` tokens (and any drafts after them, which are counted as
+        computed until the engine keeps or rolls them back after the step)."""
+        drafts = drafts or []
+        width = num_new + len(drafts)
+        out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, width))
         start = seq.num_computed_tokens
         num_prompt = max(0, min(seq.num_prompt_tokens, start + num_new) - start)
-        self.share.charge(seq, num_prompt, num_new - num_prompt)
-        seq.num_computed_tokens += num_new
-        reaches_end = seq.num_computed_tokens == seq.num_tokens
+        self.share.charge(seq, num_prompt, width - num_prompt)
+        seq.num_computed_tokens += width
+        reaches_end = start + num_new == seq.num_tokens
         num_samples = 0
         if reaches_end:
             num_samples = seq.sampling_params.n if seq.pending_forks else 1
         history = num_samples > 0 and seq.sampling_params.uses_penalties
         return ScheduledChunk(
             seq_id=seq.seq_id,
-            token_ids=seq.token_ids[start : start + num_new],
+            token_ids=seq.token_ids[start : start + num_new] + drafts,
             start_pos=start,
             block_table=seq.block_table,
             num_samples=num_samples,
@@ -300,4 +345,5 @@ class Scheduler:
             seed=seq.seed,
             lora_id=seq.lora_id,
             grammar=seq.grammar if num_samples else None,
+            draft_token_ids=drafts,
         )

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from workers.engine.sampling_params import SamplingParams
+from workers.engine.speculative import NgramIndex
 from workers.engine.structured import TokenMatcher
 
 
@@ -102,6 +103,7 @@ class Sequence:
     lora_id: int | None = None  # the adapter, by registration; None is the base model
     # structured outputs: advanced with every kept output token, so it survives preemption
     grammar: TokenMatcher | None = None
+    ngram: NgramIndex | None = None  # speculative decoding's prompt-lookup index, built lazily
 
     @property
     def num_tokens(self) -> int:

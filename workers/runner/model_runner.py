@@ -2,10 +2,13 @@
 
 Input is the scheduler's plain `SchedulerOutput`; output is one `SampleResult` per sequence
 that samples this step. Single-token chunks (decodes, and one-token prefill tails) go first
-so attention serves them with one call; prefill chunks follow. Within each, rows are ordered
-by LoRA slot so that rows of one adapter form one contiguous segment. Rows under a grammar
-(structured outputs) get a token mask from their matcher, filled on the CPU while the device
-computes the logits.
+so attention serves them with one call; prefill chunks follow. A speculating chunk (its last
+token plus proposed ones) is split into single-token rows, one per position: each attends to
+the pool up to its own position (its K/V are written before attention reads), so the decode
+kernels score every proposal in place, and the sampler verifies them (`rejection.py`).
+Within each kind, rows are ordered by LoRA slot so that rows of one adapter form one
+contiguous segment. Rows under a grammar (structured outputs) get a token mask from their
+matcher, filled on the CPU while the device computes the logits.
 """
 
 from __future__ import annotations
@@ -26,8 +29,18 @@ from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
 from workers.runner.quantization import quantize
+from workers.runner.rejection import SpecRow, verify
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 from workers.runner.token_mask import TokenMask
+
+
+@dataclass
+class _Row:
+    """A run of query tokens of one chunk in the flattened batch."""
+
+    chunk: ScheduledChunk
+    start_pos: int
+    token_ids: list[int]
 
 
 @dataclass
@@ -161,33 +174,47 @@ class ModelRunner:
             return {}
         # decodes first, by adapter, then shortest context first (for grouping); then prefill
         # chunks, by adapter
-        chunks = sorted(sched.chunks, key=lambda c: (
-            c.num_tokens != 1, c.lora_slot, c.start_pos if c.num_tokens == 1 else 0))
-        input_ids, positions, meta, sample_rows = self._prepare(chunks)
+        rows = sorted(_rows(sched.chunks), key=lambda r: (
+            len(r.token_ids) != 1, r.chunk.lora_slot,
+            r.start_pos if len(r.token_ids) == 1 else 0))
+        input_ids, positions, meta, ends = self._prepare(rows)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size,
-                            self._lora_batch(chunks))
-        sampling = [c for c in chunks if c.num_samples]
-        if not sampling:
+                            self._lora_batch(rows))
+        plain = [c for c in sched.chunks if c.num_samples and not c.draft_token_ids]
+        spec = [c for c in sched.chunks if c.num_samples and c.draft_token_ids]
+        if not plain and not spec:
             return {}
-        logits = self.model.compute_logits(hidden[sample_rows])
-        mask = self._token_mask(sampling)  # CPU work, overlapping the device's (on CUDA)
-        rows = [self._sampling_row(c) for c in sampling]
-        results = sample(logits, rows, self.eos_token_ids, mask)
-        return {c.seq_id: r for c, r in zip(sampling, results, strict=True)}
+        picks = [ends[(c.seq_id, c.start_pos + c.num_tokens - 1)] for c in plain]
+        for c in spec:
+            picks.extend(ends[(c.seq_id, c.start_pos + i)] for i in range(c.num_tokens))
+        logits = self.model.compute_logits(
+            hidden.index_select(0, torch.tensor(picks, device=hidden.device)))
+        results: dict[int, SampleResult] = {}
+        if plain:
+            mask = self._token_mask(plain)  # CPU work, overlapping the device's (on CUDA)
+            rows_ = [self._sampling_row(c) for c in plain]
+            sampled = sample(logits[: len(plain)], rows_, self.eos_token_ids, mask)
+            results.update((c.seq_id, r) for c, r in zip(plain, sampled, strict=True))
+        if spec:
+            spec_rows = [SpecRow(self._sampling_row(c), c.draft_token_ids) for c in spec]
+            verified = verify(logits[len(plain):], spec_rows, self.eos_token_ids)
+            results.update((c.seq_id, r) for c, r in zip(spec, verified, strict=True))
+        return results
 
     def _prepare(
-        self, chunks: list[ScheduledChunk]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        self, rows: list[_Row]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, dict[tuple[int, int], int]]:
+        """The flat batch, and where each row's last token landed: (seq_id, position) ->
+        flat index."""
         token_ids: list[int] = []
         positions: list[int] = []
-        sample_rows: list[int] = []
-        for chunk in chunks:
-            token_ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start_pos, chunk.start_pos + chunk.num_tokens))
-            if chunk.num_samples:
-                sample_rows.append(len(token_ids) - 1)
+        ends: dict[tuple[int, int], int] = {}
+        for row in rows:
+            token_ids.extend(row.token_ids)
+            positions.extend(range(row.start_pos, row.start_pos + len(row.token_ids)))
+            ends[(row.chunk.seq_id, row.start_pos + len(row.token_ids) - 1)] = len(token_ids) - 1
         meta = build_metadata(
-            [(c.start_pos, c.num_tokens, c.block_table) for c in chunks],
+            [(r.start_pos, len(r.token_ids), r.chunk.block_table) for r in rows],
             self.block_size, self.num_kv_heads, self.group, self.device, self.dtype,
             decode_kernel=None if self.attention_backend == "torch" else self.attention_backend,
             prefill_kernel=self.prefill_attention, workspace=self.workspace,
@@ -197,14 +224,14 @@ class ModelRunner:
             torch.tensor(token_ids, dtype=torch.long).to(device, non_blocking=True),
             torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
             meta,
-            torch.tensor(sample_rows, dtype=torch.long).to(device, non_blocking=True),
+            ends,
         )
 
-    def _lora_batch(self, chunks: list[ScheduledChunk]) -> LoRABatch | None:
-        if self.lora_slots is None or all(c.lora_slot == NO_ADAPTER for c in chunks):
+    def _lora_batch(self, rows: list[_Row]) -> LoRABatch | None:
+        if self.lora_slots is None or all(r.chunk.lora_slot == NO_ADAPTER for r in rows):
             return None
-        return LoRABatch.build(self.lora_slots, [(c.lora_slot, c.num_tokens) for c in chunks],
-                               self.device)
+        return LoRABatch.build(
+            self.lora_slots, [(r.chunk.lora_slot, len(r.token_ids)) for r in rows], self.device)
 
     def _token_mask(self, chunks: list[ScheduledChunk]) -> TokenMask | None:
         """Allowed next tokens of the rows under a grammar; the others pay nothing."""
@@ -236,6 +263,18 @@ class ModelRunner:
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+
+
+def _rows(chunks: list[ScheduledChunk]) -> list[_Row]:
+    """One row per chunk, or one per position of a speculating chunk."""
+    rows = []
+    for chunk in chunks:
+        if chunk.draft_token_ids:
+            rows.extend(_Row(chunk, chunk.start_pos + i, [token])
+                        for i, token in enumerate(chunk.token_ids))
+        else:
+            rows.append(_Row(chunk, chunk.start_pos, chunk.token_ids))
+    return rows
 
 
 def projection_shapes(model: LlamaModel) -> dict[str, ModuleShape]:

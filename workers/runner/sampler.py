@@ -35,6 +35,7 @@ class SamplingRow:
 class SampleResult:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None
+    num_drafts: int = 0  # a speculating row's proposals: token_ids kept some, plus one
 
 
 def sample(
@@ -61,13 +62,13 @@ def sample(
     )
     if mask is not None:
         token_mask.apply(logits, mask.rows, mask.bitmask)
-    _apply_logit_bias(logits, flat)
-    _apply_penalties(logits, flat, eos_token_ids)
+    apply_logit_bias(logits, flat)
+    apply_penalties(logits, flat, eos_token_ids)
     tokens = _choose(logits, flat)
     token_list = tokens.tolist()
     per_flat_logprobs: dict[int, TokenLogprob] = {}
     if raw_logprobs is not None:
-        per_flat_logprobs = _gather_logprobs(raw_logprobs, want_logprobs, flat, token_list)
+        per_flat_logprobs = gather_logprobs(raw_logprobs, want_logprobs, flat, token_list)
     results, pos = [], 0
     for row in rows:
         span = range(pos, pos + row.num_samples)
@@ -99,7 +100,7 @@ def _expand_mask(mask: TokenMask, rows: list[SamplingRow]) -> TokenMask:
     return TokenMask(flat, mask.bitmask.index_select(0, index))
 
 
-def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     vocab = logits.shape[-1]
     for i, row in enumerate(rows):
         bias = row.params.logit_bias
@@ -110,7 +111,7 @@ def _apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             logits[i].index_add_(0, ids, values)
 
 
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], eos: list[int]) -> None:
+def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow], eos: list[int]) -> None:
     vocab = logits.shape[-1]
     for i, row in enumerate(rows):
         p = row.params
@@ -146,21 +147,30 @@ def _choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not random_rows:
         return tokens
-    sub = logits[random_rows]
-    params = [rows[i].params for i in random_rows]
-    temps = torch.tensor([p.temperature for p in params], device=sub.device).unsqueeze(1)
-    sub = sub / temps
-    if any(p.top_k or p.top_p < 1.0 for p in params):
-        sub = _top_k_top_p(sub, params)
-    probs = torch.softmax(sub, dim=-1)
-    min_ps = torch.tensor([p.min_p for p in params], device=sub.device).unsqueeze(1)
-    if bool((min_ps > 0).any()):
-        probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+    probs = target_probs(logits[random_rows], [rows[i].params for i in random_rows])
     noise = torch.empty_like(probs)
     for j, i in enumerate(random_rows):
         noise[j].exponential_(generator=rows[i].generator)
     tokens[random_rows] = (probs / noise).argmax(dim=-1)
     return tokens
+
+
+def target_probs(logits: torch.Tensor, params: list[SamplingParams], *,
+                 normalize: bool = False) -> torch.Tensor:
+    """The distribution each (non-greedy) row samples from: temperature, top-k/top-p, then
+    min-p. Rows cut by min-p sum to less than one unless `normalize` (the race in `_choose`
+    does not need it; speculative verification reads absolute probabilities)."""
+    temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
+    logits = logits / temps
+    if any(p.top_k or p.top_p < 1.0 for p in params):
+        logits = _top_k_top_p(logits, params)
+    probs = torch.softmax(logits, dim=-1)
+    min_ps = torch.tensor([p.min_p for p in params], device=logits.device).unsqueeze(1)
+    if bool((min_ps > 0).any()):
+        probs = probs.masked_fill(probs < min_ps * probs.max(dim=-1, keepdim=True).values, 0.0)
+        if normalize:
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
 
 
 def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -210,7 +220,7 @@ def _masked_window(
     return result, fits.squeeze(1).tolist()
 
 
-def _gather_logprobs(
+def gather_logprobs(
     raw: torch.Tensor, flat_rows: list[int], rows: list[SamplingRow], tokens: list[int]
 ) -> dict[int, TokenLogprob]:
     chosen_ids = torch.tensor([tokens[i] for i in flat_rows], device=raw.device)
