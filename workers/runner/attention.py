@@ -20,6 +20,10 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
 
 Grouped-query attention folds the query heads of a KV head into the query length, so K and V
 are never repeated.
+
+An int8 pool (`kv_cache_dtype: int8`, `kv_quant`) has rows of head_dim int8 values and their
+float32 scale: writes quantize each new row, gathers dequantize what they gathered (into a
+reused buffer) before SDPA, and the C decode kernel reads the int8 rows in place.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from workers.runner.flash_prefill import cached_chunk_attention
+from workers.runner.kv_quant import dequantize_rows, head_dim_of, is_quantized, quantize_rows
 
 
 @dataclass
@@ -80,18 +85,29 @@ class GatherWorkspace:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
 
-    def gather(self, name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
-        """`cache`'s (block, head) `pieces` as `[pieces * block_size, dim]`."""
-        _, _, block_size, head_dim = cache.shape
-        width, n = block_size * head_dim, pieces.numel()
+    def gather(self, name: str, cache: torch.Tensor, pieces: torch.Tensor,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """`cache`'s (block, head) `pieces` as `[pieces * block_size, dim]`; an int8 pool's
+        rows are dequantized to `dtype` (into a second buffer)."""
+        _, _, block_size, row = cache.shape
+        out = self._buffer(name, pieces.numel(), block_size * row, cache.dtype, cache.device)
+        torch.index_select(cache.view(-1, block_size * row), 0, pieces, out=out)
+        if not is_quantized(cache):
+            return out.view(-1, row)
+        head_dim = head_dim_of(cache)
+        dense = self._buffer(f"{name}.dequantized", pieces.numel(), block_size * head_dim,
+                             dtype or torch.float32, cache.device)
+        rows = out.view(-1, row)
+        return dequantize_rows(rows, dense.dtype, out=dense.view(-1, head_dim))
+
+    def _buffer(self, name: str, n: int, width: int, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
         buf = self._buffers.get(name)
-        if buf is None or buf.shape[0] < n or buf.shape[1] != width or buf.dtype != cache.dtype:
+        if buf is None or buf.shape[0] < n or buf.shape[1] != width or buf.dtype != dtype:
             buf = torch.empty(max(n, 0 if buf is None else 2 * buf.shape[0]), width,
-                              dtype=cache.dtype, device=cache.device)
+                              dtype=dtype, device=device)
             self._buffers[name] = buf
-        out = buf[:n]
-        torch.index_select(cache.view(-1, width), 0, pieces, out=out)
-        return out.view(-1, head_dim)
+        return buf[:n]
 
 
 @dataclass
@@ -216,10 +232,14 @@ def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     write_rows: torch.Tensor,
 ) -> None:
-    """k, v: [tokens, kv_heads, dim], written at `AttentionMetadata.write_rows`."""
-    head_dim = k.shape[-1]
-    k_cache.view(-1, head_dim).index_copy_(0, write_rows, k.reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, write_rows, v.reshape(-1, head_dim))
+    """k, v: [tokens, kv_heads, dim], written at `AttentionMetadata.write_rows` (quantized
+    first for an int8 pool, `kv_quant`)."""
+    head_dim, row = k.shape[-1], k_cache.shape[-1]
+    k, v = k.reshape(-1, head_dim), v.reshape(-1, head_dim)
+    if is_quantized(k_cache):
+        k, v = quantize_rows(k), quantize_rows(v)
+    k_cache.view(-1, row).index_copy_(0, write_rows, k)
+    v_cache.view(-1, row).index_copy_(0, write_rows, v)
 
 
 def paged_attention(
@@ -239,7 +259,11 @@ def paged_attention(
         kernel = _decode_kernel(batch.kernel)
         parts.append(kernel(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
                             batch.seq_lens, scale, block_size))
-    gather = (meta.workspace or GatherWorkspace()).gather
+    workspace = meta.workspace or GatherWorkspace()
+
+    def gather(name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
+        return workspace.gather(name, cache, pieces, q.dtype)
+
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
@@ -251,7 +275,7 @@ def paged_attention(
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
         if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
-            kv_heads, head_dim = k_cache.shape[1], k_cache.shape[3]
+            kv_heads, head_dim = k_cache.shape[1], q.shape[-1]
             ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             parts.append(cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows], scale))

@@ -78,10 +78,10 @@ def load_library() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RuntimeError(f"building the CPU decode kernel failed: {exc}") from exc
-    fn = lib.paged_decode_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    for fn in (lib.paged_decode_f32, lib.paged_decode_i8):
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
+            ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -113,17 +113,21 @@ def paged_decode(
     *, plain: bool = False,
 ) -> torch.Tensor:
     """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
+    The pool is float32 like q, or int8 rows with their scales (`kv_quant`), read in place.
 
     `plain` forces the portable loops where the build has AVX-512 (tests cover both)."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.dtype == q.dtype
+    int8 = k_cache.dtype == torch.int8
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.dtype == k_cache.dtype
+    assert q.dtype == torch.float32 and (int8 or k_cache.dtype == q.dtype)
     assert block_tables.dtype == seq_lens.dtype == torch.int32
     assert block_tables.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
-    status = load_library().paged_decode_f32(
+    lib = load_library()
+    status = (lib.paged_decode_i8 if int8 else lib.paged_decode_f32)(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),
         rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from workers.runner.kv_quant import row_width
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_FRACTION = 0.2
@@ -22,11 +24,20 @@ class KVCacheSpec:
     head_dim: int
     block_size: int
     dtype: torch.dtype
+    kv_cache_dtype: str = "auto"  # auto: rows in `dtype`; int8: int8 rows with scales
+
+    @property
+    def storage_dtype(self) -> torch.dtype:
+        return torch.int8 if self.kv_cache_dtype == "int8" else self.dtype
+
+    @property
+    def row_width(self) -> int:
+        return row_width(self.head_dim, self.kv_cache_dtype)
 
     @property
     def bytes_per_block(self) -> int:
-        element = torch.empty((), dtype=self.dtype).element_size()
-        per_token = 2 * self.num_layers * self.num_kv_heads * self.head_dim * element
+        element = torch.empty((), dtype=self.storage_dtype).element_size()
+        per_token = 2 * self.num_layers * self.num_kv_heads * self.row_width * element
         return per_token * self.block_size
 
 
@@ -46,12 +57,13 @@ def budget_bytes(device: torch.device, memory: int | None, fraction: float | Non
 def allocate(
     spec: KVCacheSpec, num_blocks: int, device: torch.device
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One K and one V tensor per layer, `[num_blocks, kv_heads, block_size, head_dim]`."""
-    shape = (num_blocks, spec.num_kv_heads, spec.block_size, spec.head_dim)
+    """One K and one V tensor per layer, `[num_blocks, kv_heads, block_size, row]`: row is
+    head_dim, or head_dim + 4 int8 elements under `kv_cache_dtype` int8 (`kv_quant`)."""
+    shape = (num_blocks, spec.num_kv_heads, spec.block_size, spec.row_width)
     caches = [
         (
-            torch.zeros(shape, dtype=spec.dtype, device=device),
-            torch.zeros(shape, dtype=spec.dtype, device=device),
+            torch.zeros(shape, dtype=spec.storage_dtype, device=device),
+            torch.zeros(shape, dtype=spec.storage_dtype, device=device),
         )
         for _ in range(spec.num_layers)
     ]

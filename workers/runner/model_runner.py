@@ -24,6 +24,7 @@ from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, lo
 from workers.runner import kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
+from workers.runner.kv_quant import check_kv_cache_dtype
 from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
@@ -121,10 +122,11 @@ class ModelRunner:
         if linear_backend == "onednn_packed":
             model.pack_linears()
         head_dim = model.layers[0].self_attn.head_dim
+        kv_dtype = check_kv_cache_dtype(config.kv_cache_dtype, head_dim)
         backend = pick_attention_backend(
             config.attention_backend, config.device, config.block_size, head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
-            dtype=config.dtype)
+            dtype=config.dtype, kv_cache_dtype=kv_dtype)
         prefill = pick_prefill_attention(config.prefill_attention, config.device)
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
@@ -132,6 +134,7 @@ class ModelRunner:
             head_dim=head_dim,
             block_size=config.block_size,
             dtype=config.dtype,
+            kv_cache_dtype=kv_dtype,
         )
         lora_slots = None
         if config.max_loras:  # before the KV budget, which may be a share of what is free
