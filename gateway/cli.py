@@ -127,6 +127,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="KV cache: auto (the model dtype) or int8 with a scale per token "
                              "and head")
+    worker.add_argument("--speculative", type=_speculative_json, default=None,
+                        metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
+                        '"num_tokens": 4}\' (docs/engine.md, "Speculative decoding")')
     worker.add_argument("--worker-id", default=None, help="default: host:port")
     worker.add_argument("--register-redis", default=None, metavar="URL",
                         help="announce this worker in Redis with heartbeats (gateway discovery)")
@@ -136,6 +139,20 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--ssl-keyfile", default=None)
     worker.add_argument("--ssl-ca-certs", default=None,
                         help="require client certificates signed by this CA (mutual TLS)")
+
+
+def _speculative_json(text: str) -> dict:
+    """The --speculative value: a JSON object, checked as the engine will read it."""
+    import json
+
+    from workers.engine.speculative import SpeculativeConfig
+
+    try:
+        value = json.loads(text)
+        SpeculativeConfig.parse(value)
+    except (ValueError, TypeError) as exc:
+        raise argparse.ArgumentTypeError(f"--speculative: {exc}") from exc
+    return value
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -154,6 +171,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
         prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        speculative=args.speculative,
     )
     scheme = "https" if args.ssl_certfile else "http"
     advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -37,6 +38,9 @@ class Settings(BaseSettings):
     # (docs/engine.md, "Quantization")
     embedded_quantization: Literal["none", "int8"] = "none"
     embedded_kv_cache_dtype: Literal["auto", "int8"] = "auto"
+    # Speculative decoding, e.g. {"method": "ngram", "num_tokens": 4} (JSON in the env var);
+    # None: off (docs/engine.md, "Speculative decoding")
+    embedded_speculative: dict[str, Any] | None = None
     embedded_tool_call_parser: str = "hermes"  # hermes | llama3_json
     # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
     embedded_input_price_per_1m: Decimal = Decimal("0.05")
@@ -141,3 +145,12 @@ class Settings(BaseSettings):
     # --- Console (docs/console.md): the admin web console at /console --------------------
     console_session_ttl_s: float = 8 * 3600.0  # a sign-in lasts this long, then sign in again
     console_max_sessions: int = 10_000  # per process; the oldest session goes first
+
+    @field_validator("embedded_speculative")
+    @classmethod
+    def _speculative(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Refuse a bad speculative setting at start, not when the engine first loads."""
+        from workers.engine.speculative import SpeculativeConfig
+
+        SpeculativeConfig.parse(value)
+        return value

@@ -127,6 +127,7 @@ class GatewayState:
             scheduling_policy=self.settings.embedded_scheduling_policy,
             quantization=self.settings.embedded_quantization,
             kv_cache_dtype=self.settings.embedded_kv_cache_dtype,
+            speculative=self.settings.embedded_speculative,
             enable_lora=self.settings.embedded_enable_lora,
             max_loras=self.settings.embedded_max_loras,
             max_lora_rank=self.settings.embedded_max_lora_rank,

@@ -9,7 +9,7 @@ from workers.engine.structured import StructuredOutputs
 
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty",
             "repetition_penalty", "min_p")
-_INTS = ("n", "seed", "top_k", "max_tokens", "min_tokens")
+_INTS = ("n", "seed", "top_k", "max_tokens", "min_tokens", "speculative_tokens")
 # vLLM's extras, each a whole constraint; `structured_outputs` holds one of the same keys
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
            "guided_grammar": "grammar"}

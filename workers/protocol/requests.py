@@ -262,6 +262,8 @@ class _Sampling(BaseModel):
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    # proposals per step under the engine's speculative decoding (0: off for this request)
+    speculative_tokens: Annotated[int, Field(ge=0, le=16)] | None = None
     ignore_eos: bool | None = None
     guided_json: JsonObject | str | None = None
     guided_regex: str | None = None

@@ -37,6 +37,17 @@ ENGINE_FIGURES: dict[str, tuple[str, str, bool]] = {
                               "adapters evicted from device slots", True),
     "lora_cpu_evictions": ("switchboard_worker_adapter_cpu_evictions",
                            "adapters evicted from host memory to disk", True),
+    "spec_proposed_tokens": ("switchboard_worker_spec_proposed_tokens",
+                             "speculative decoding: tokens proposed", True),
+    "spec_accepted_tokens": ("switchboard_worker_spec_accepted_tokens",
+                             "speculative decoding: proposed tokens the model kept", True),
+}
+# Per proposal position (1 = the first token proposed in a step), from `spec_position_<i>_*`.
+SPEC_POSITIONS = {
+    "proposed": ("switchboard_worker_spec_position_proposed_tokens",
+                 "speculative decoding: tokens proposed at this position"),
+    "accepted": ("switchboard_worker_spec_position_accepted_tokens",
+                 "speculative decoding: tokens kept at this position"),
 }
 
 
@@ -51,6 +62,20 @@ class _EngineCollector(Collector):
                 continue
             family = (CounterMetricFamily if counter else GaugeMetricFamily)(name, doc)
             family.add_metric([], float(stats[key]))
+            yield family
+        yield from _positions(stats)
+
+
+def _positions(stats: dict[str, float]) -> Iterator[Metric]:
+    """Acceptance by proposal position, as counters labelled `position` (at most k labels)."""
+    for kind, (name, doc) in SPEC_POSITIONS.items():
+        family = CounterMetricFamily(name, doc, labels=["position"])
+        for key, value in stats.items():
+            head, _, tail = key.partition("spec_position_")
+            position, _, suffix = tail.partition("_")
+            if not head and suffix == kind:
+                family.add_metric([position], float(value))
+        if family.samples:
             yield family
 
 

@@ -230,3 +230,31 @@ def test_the_gateways_tenant_fields_reach_the_fair_share(client):
         resp = complete(client, **bad)
         assert resp.status_code == 400, bad
         assert resp.json()["error"]["param"] == next(iter(bad))
+
+
+def test_speculative_decoding_is_counted_and_the_request_field_checked(tiny_llama_path):
+    """A worker with prompt lookup: proposals show in /metrics by position, a request may turn
+    them off with `speculative_tokens`, and may not ask for more than the engine's k."""
+    engine = AsyncLLMEngine(str(tiny_llama_path), **engine_args(
+        speculative={"method": "ngram", "num_tokens": 3}))
+    app = create_app(engine, WorkerOptions(model_name=MODEL, secret=SECRET, worker_id="w1",
+                                           advertise_url="http://127.0.0.1:1"))
+    motif = {"prompt": [9, 1000, 2000, 3000] * 4, "max_tokens": 24,
+             "logit_bias": {"1000": 100, "2000": 100, "3000": 100}}
+    with TestClient(app) as client:
+        off = complete(client, speculative_tokens=0, **motif)
+        on = complete(client, **motif)
+        assert off.status_code == on.status_code == 200
+        assert on.json()["choices"][0]["text"] == off.json()["choices"][0]["text"]
+        text = client.get("/metrics", headers=AUTH).text
+        too_many = complete(client, speculative_tokens=4)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    proposed = samples[("switchboard_worker_spec_proposed_tokens_total", ())]
+    assert proposed > 0
+    assert samples[("switchboard_worker_spec_position_proposed_tokens_total",
+                    (("position", "1"),))] > 0
+    assert sum(value for (name, _), value in samples.items()
+               if name == "switchboard_worker_spec_position_proposed_tokens_total") == proposed
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["param"] == "speculative_tokens"
