@@ -35,7 +35,7 @@ def test_rows_round_trip_within_half_a_step_and_carry_their_scale():
     scale = rows[:, 64:].contiguous().view(torch.float32)
     back = dequantize_rows(rows, torch.float32)
     assert torch.all((back - x).abs() <= scale / 2 + 1e-6)
-    assert torch.all(back[3] == 0)
+    assert torch.all(back[3] == 0)  # a zero row stays zero
     assert torch.equal(quantize_rows(back), rows)  # on the grid, quantizing is idempotent
     assert dequantize_rows(rows, torch.bfloat16).dtype == torch.bfloat16
 
