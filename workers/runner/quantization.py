@@ -17,6 +17,8 @@ the embedding's per-row scales, so one int8 table serves token lookups and logit
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,9 +26,12 @@ from torch import nn
 from workers.runner.linear import Linear, LinearKernel, linear_kernel
 
 QUANTIZATIONS = ("none", "int8")
-# Bytes of float weight one tile casts into: a few per core's L2 on CPU. CUDA takes the whole
-# weight at once (a cast there is a bandwidth-bound kernel, not a cache question).
-CPU_TILE_BYTES = 1 << 20
+# Bytes of float weight one tile casts into on CPU: fastest of 0.5-4 MiB at 1 and 64 rows on
+# SmolLM2's shapes (bench/quantization.py). CUDA casts the whole weight at once (a cast there
+# is a bandwidth-bound kernel, not a cache question).
+CPU_TILE_BYTES = 2 << 20
+
+_scratch = threading.local()  # one CPU tile buffer per thread: no fresh pages per call
 
 
 def check_quantization(name: str) -> str:
@@ -50,17 +55,25 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None, matmul: LinearKernel = F.linear) -> torch.Tensor:
     """`F.linear(x, qweight * scale[:, None], bias)`, reading the int8 weight tile by tile."""
     out_features, in_features = qweight.shape
-    if x.device.type == "cpu":
-        tile = max(64, CPU_TILE_BYTES // (in_features * x.element_size()))
-    else:
-        tile = out_features
-    if tile >= out_features:
+    if x.device.type != "cpu":
         out = matmul(x, qweight.to(x.dtype), None)
     else:
-        out = torch.cat([matmul(x, qweight[start : start + tile].to(x.dtype), None)
-                         for start in range(0, out_features, tile)], dim=-1)
+        tile = max(64, CPU_TILE_BYTES // (in_features * x.element_size()))
+        buf = _tile_buffer(min(tile, out_features) * in_features, x.dtype)
+        parts = []
+        for start in range(0, out_features, tile):
+            part = qweight[start : start + tile]
+            parts.append(matmul(x, buf[: part.numel()].view(part.shape).copy_(part), None))
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
     out.mul_(scale.to(out.dtype))
     return out if bias is None else out.add_(bias)
+
+
+def _tile_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < numel or buf.dtype != dtype:
+        buf = _scratch.buf = torch.empty(numel, dtype=dtype)
+    return buf
 
 
 class Int8Linear(nn.Module):
