@@ -131,6 +131,8 @@ class LLMEngine:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or folder)
         device = pick_device(args.device)
         eos = _eos_token_ids(hf_config, tokenizer)
+        speculative = SpeculativeConfig.parse(args.speculative)
+        draft = speculative.draft_model if speculative is not None else None
         runner = ModelRunner.load(
             RunnerConfig(
                 model_path=folder,
@@ -147,6 +149,7 @@ class LLMEngine:
                 linear_backend=args.linear_backend,
                 quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype,
+                draft_model=resolve_model(draft) if draft else None,
             ),
             hf_config,
             eos,

@@ -106,21 +106,23 @@ def test_logprobs_match_the_plain_path(tiny_llama_path):
         assert [[t for t, _ in lp.top] for lp in got] == [[t for t, _ in lp.top] for lp in want]
 
 
-def test_lora_rows_speculate_with_their_own_adapter(tmp_path, tiny_llama_path):
+def test_lora_rows_speculate_with_their_own_adapter(tmp_path, tiny_llama_path, draft_path):
+    """Prompt lookup, and a draft model proposing from the base weights: the adapted target
+    verifies, so each row's tokens are its adapter's."""
     adapters = [make_peft_adapter(tiny_llama_path, tmp_path / f"a{i}", seed=i, r=8,
                                   target_modules=ALL_MODULES) for i in range(2)]
     batch = prompts(6, seed=11)
     names = [None, "a0", "a1"] * 2
     outputs = {}
-    for spec in (None, NGRAM):
+    for name, spec in (("plain", None), ("ngram", NGRAM), ("draft", draft(draft_path))):
         llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, enable_lora=True, max_loras=2,
                   speculative=spec, **CPU32)
         for i, adapter in enumerate(adapters):
             llm.add_lora(f"a{i}", str(adapter))
-        outputs[spec is None] = [o.token_ids for o in llm.generate(batch, params(), lora=names)]
+        outputs[name] = [o.token_ids for o in llm.generate(batch, params(), lora=names)]
         if spec:
             assert llm.engine.stats()["spec_accepted_tokens"] > 0
-    assert outputs[True] == outputs[False]
+    assert outputs["ngram"] == outputs["plain"] == outputs["draft"]
 
 
 def test_a_request_can_lower_k_or_turn_it_off_but_not_raise_it(tiny_llama_path):
@@ -167,24 +169,73 @@ CRITICAL_0_001 = {d: c for d, c in zip(range(1, 64), [
     90.57, 91.87, 93.17, 94.46, 95.75, 97.04, 98.32, 99.61, 100.89, 102.17, 103.44], strict=True)}
 
 
-def test_sampled_outputs_follow_the_target_distribution(tiny_llama_path):
-    """Histograms of whole 4-token outputs, speculative against plain sampling, from the same
-    prompt: the rejection rule must leave the distribution unchanged."""
-    prompt = [500, 600] + [ALPHABET[0], ALPHABET[1], ALPHABET[2]] * 4
-    count = 1000
+@pytest.fixture(scope="module")
+def draft_path(tmp_path_factory, tokenizer):
+    """A smaller random Llama of the same vocabulary: one layer, narrower."""
+    from tests.conftest import build_tiny_llama
+
+    return build_tiny_llama(tmp_path_factory.mktemp("tiny-draft"), tokenizer, hidden_size=32,
+                            intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                            num_key_value_heads=1)
+
+
+def draft(path, k: int = 3) -> dict:
+    return {"method": "draft", "draft_model": str(path), "num_tokens": k}
+
+
+@pytest.mark.parametrize("regime", ["plain", "chunked_prefill", "preemption"])
+def test_a_draft_model_keeps_greedy_output_identical(tiny_llama_path, draft_path, expected,
+                                                     regime):
+    got, llm = run(tiny_llama_path, prompts(10), params(), speculative=draft(draft_path),
+                   **REGIMES[regime])
+    assert got == expected
+    stats = llm.engine.stats()
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]
+
+
+def test_the_model_as_its_own_draft_keeps_every_proposal(tiny_llama_path, expected):
+    got, llm = run(tiny_llama_path, prompts(10), params(), speculative=draft(tiny_llama_path))
+    assert got == expected
+    stats = llm.engine.stats()
+    assert stats["spec_accepted_tokens"] == stats["spec_proposed_tokens"] > 0
+
+
+def test_a_draft_of_another_vocabulary_is_refused(tmp_path, tiny_llama_path, tokenizer):
+    from tests.conftest import build_tiny_llama
+
+    other = build_tiny_llama(tmp_path / "other", tokenizer, vocab_size=1000)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, speculative=draft(other), **CPU32)
+
+
+SAMPLED_PROMPT = [500, 600] + [ALPHABET[0], ALPHABET[1], ALPHABET[2]] * 4
+SAMPLED_COUNT = 800
+
+
+def sampled_histogram(path, speculative: dict | None) -> tuple[Counter, dict]:
+    """Whole 4-token outputs of SAMPLED_COUNT seeded requests from one prompt."""
     sampling = [SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True, seed=i,
                                logit_bias={t: 100.0 for t in ALPHABET[:3]}, detokenize=False)
-                for i in range(count)]
-    hist = {}
-    for spec in (None, NGRAM | {"max_batch": 256}):
-        llm = LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, max_num_seqs=256,
-                  speculative=spec, **CPU32)
-        outs = llm.generate([prompt] * count, sampling)
-        hist[spec is None] = Counter(tuple(o.token_ids) for o in outs)
-        if spec:
-            stats = llm.engine.stats()
-            assert stats["spec_accepted_tokens"] > 0
-            assert stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]
-    stat, dof = chi_square(hist[True], hist[False])
+                for i in range(SAMPLED_COUNT)]
+    llm = LLM(str(path), kv_cache_memory=16 << 20, max_num_seqs=256, speculative=speculative,
+              **CPU32)
+    outs = llm.generate([SAMPLED_PROMPT] * SAMPLED_COUNT, sampling)
+    return Counter(tuple(o.token_ids) for o in outs), llm.engine.stats()
+
+
+@pytest.fixture(scope="module")
+def plain_histogram(tiny_llama_path) -> Counter:
+    return sampled_histogram(tiny_llama_path, None)[0]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_sampled_outputs_follow_the_target_distribution(tiny_llama_path, draft_path,
+                                                        plain_histogram, method):
+    """Histograms of whole outputs, speculative against plain sampling, from the same prompt:
+    the rejection rule must leave the distribution unchanged, whoever proposes."""
+    config = NGRAM if method == "ngram" else draft(draft_path)
+    hist, stats = sampled_histogram(tiny_llama_path, config | {"max_batch": 256})
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]
+    stat, dof = chi_square(hist, plain_histogram)
     assert dof >= 8  # the outputs vary: the test has something to compare
     assert stat < CRITICAL_0_001[min(dof, 63)]

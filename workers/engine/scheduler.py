@@ -45,6 +45,10 @@ class ScheduledChunk:
     # speculative decoding: the proposed tokens, the tail of `token_ids`; every position of
     # the chunk is scored and the sampler keeps what the model agrees with
     draft_token_ids: list[int] = field(default_factory=list)
+    # method "draft": slots reserved for proposals the runner's draft model makes this step
+    # (it fills draft_token_ids), and the sequence's tokens for the draft to catch up on
+    num_draft_slots: int = 0
+    context_token_ids: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -138,9 +142,9 @@ class Scheduler:
                 continue
             if not self._make_room(i, num_new, out):
                 continue  # seq itself was preempted: running[i] is the next one now
-            drafts = self._propose(seq, budget - num_new) if speculate and num_new == 1 else []
+            drafts = self._propose(seq, budget - num_new) if speculate and num_new == 1 else 0
             out.chunks.append(self._allocate(seq, num_new, out, drafts))
-            budget -= num_new + len(drafts)
+            budget -= out.chunks[-1].num_tokens + out.chunks[-1].num_draft_slots
             i += 1
         if out.preempted_seq_ids:
             return out  # memory is short: admit nothing new this step
@@ -220,11 +224,12 @@ class Scheduler:
             1 for s in self.running if s.num_computed_tokens + 1 == s.num_tokens
         ) <= spec.max_batch
 
-    def _propose(self, seq: Sequence, room: int) -> list[int]:
-        """Draft tokens for a decoding sequence: none for rows whose next-token rule depends
-        on the tokens before it in ways the sampler does not replay per position (grammars,
-        penalties), nor where they would not fit the budget, `max_tokens` or the free blocks
-        (a proposal never preempts anyone)."""
+    def _propose(self, seq: Sequence, room: int) -> list[int] | int:
+        """Draft tokens for a decoding sequence (prompt lookup), or the number of slots for
+        the runner's draft model: none for rows whose next-token rule depends on the tokens
+        before it in ways the sampler does not replay per position (grammars, penalties), nor
+        where they would not fit the budget, `max_tokens` or the free blocks (a proposal never
+        preempts anyone)."""
         spec = self.config.speculative
         params = seq.sampling_params
         if (spec is None or seq.num_output_tokens == 0 or seq.pending_forks
@@ -237,6 +242,10 @@ class Scheduler:
         k = min(k, room, (params.max_tokens or 0) - seq.num_output_tokens - 1)
         if k <= 0:
             return []
+        if spec.method == "draft":
+            while k and not self.block_manager.can_allocate_slots(seq, 1 + k):
+                k -= 1
+            return k
         if seq.ngram is None:
             seq.ngram = NgramIndex(spec.ngram_min, spec.ngram_max)
         drafts = seq.ngram.propose(seq.token_ids, k)
@@ -308,7 +317,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         for chunk in out.chunks:
             if chunk.seq_id == seq.seq_id:  # scheduled this step, now dropped: not computed
-                seq.num_computed_tokens -= chunk.num_tokens
+                seq.num_computed_tokens -= chunk.num_tokens + chunk.num_draft_slots
         out.chunks = [chunk for chunk in out.chunks if chunk.seq_id != seq.seq_id]
         self.block_manager.free(seq)
         self.waiting.push(seq)
@@ -317,11 +326,13 @@ class Scheduler:
         out.preempted_seq_ids.append(seq.seq_id)
 
     def _allocate(self, seq: Sequence, num_new: int, out: SchedulerOutput,
-                  drafts: list[int] | None = None) -> ScheduledChunk:
-        """Slots for `num_new` tokens (and any drafts after them, which are counted as
-        computed until the engine keeps or rolls them back after the step)."""
-        drafts = drafts or []
-        width = num_new + len(drafts)
+                  drafts: list[int] | int = 0) -> ScheduledChunk:
+        """Slots for `num_new` tokens and any proposals after them (tokens, or a number of
+        slots for the runner's draft model), which count as computed until the engine keeps
+        or rolls them back after the step."""
+        slots = drafts if isinstance(drafts, int) else 0
+        drafts = [] if isinstance(drafts, int) else drafts
+        width = num_new + len(drafts) + slots
         out.blocks_to_copy.extend(self.block_manager.allocate_slots(seq, width))
         start = seq.num_computed_tokens
         num_prompt = max(0, min(seq.num_prompt_tokens, start + num_new) - start)
@@ -346,4 +357,6 @@ class Scheduler:
             lora_id=seq.lora_id,
             grammar=seq.grammar if num_samples else None,
             draft_token_ids=drafts,
+            num_draft_slots=slots,
+            context_token_ids=seq.token_ids if slots else None,
         )

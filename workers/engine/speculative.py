@@ -3,9 +3,12 @@
 A speculating sequence's decode step carries its last token plus `k` proposed tokens; the
 runner scores all `k + 1` positions in the same flattened step as every other row and the
 sampler keeps the longest prefix the target model agrees with (`runner/rejection.py`), plus
-one token of its own. Proposals cost no model here: the `k` tokens that followed the latest
-earlier occurrence of the sequence's last n tokens (longest n first), in the prompt or the
-output. Summaries, edits and code that quote their input are where that pays.
+one token of its own. Two proposers:
+- "ngram" (prompt lookup) costs no model: the `k` tokens that followed the latest earlier
+  occurrence of the sequence's last n tokens (longest n first), in the prompt or the output.
+  Summaries, edits and code that quote their input are where that pays. Proposed here.
+- "draft": a smaller model of the same vocabulary, run by the runner at the start of the step
+  (`runner/draft.py`); the scheduler only reserves the `k` slots.
 
 Pure Python, no torch: the scheduler proposes while it schedules.
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 
 from workers.engine.sampling_params import InvalidRequestError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,13 @@ class SpeculativeConfig:
     ngram_min: int = 1
     ngram_max: int = 4
     max_batch: int = 16
+    draft_model: str | None = None  # method "draft": a folder of a model of the same vocab
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method must be one of {', '.join(METHODS)}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise ValueError("speculative draft_model is needed by, and only by, method 'draft'")
         if not 1 <= self.num_tokens <= 16:
             raise ValueError("speculative num_tokens must be in [1, 16]")
         if not 1 <= self.ngram_min <= self.ngram_max <= 16:
@@ -49,7 +55,7 @@ class SpeculativeConfig:
         if not isinstance(value, dict):
             raise ValueError("speculative must be a mapping such as {'method': 'ngram'}")
         unknown = sorted(set(value) - {"method", "num_tokens", "ngram_min", "ngram_max",
-                                       "max_batch"})
+                                       "max_batch", "draft_model"})
         if unknown:
             raise ValueError(f"unknown speculative settings: {', '.join(unknown)}")
         return cls(**value)

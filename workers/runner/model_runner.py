@@ -24,6 +24,7 @@ from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, lo
 from workers.runner import kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
+from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
 from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
@@ -58,6 +59,7 @@ class RunnerConfig:
     attention_backend: str = "auto"
     linear_backend: str = "auto"
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
+    draft_model: Path | None = None  # speculative decoding's draft (same vocabulary)
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
 
@@ -83,7 +85,7 @@ class ModelRunner:
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
         *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
         attention_backend: str = "torch", linear_backend: str = "torch",
-        prefill_attention: str = "masked",
+        prefill_attention: str = "masked", draft: DraftProposer | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -103,6 +105,7 @@ class ModelRunner:
         self.linear_backend = linear_backend  # what the model's projections already use
         self.prefill_attention = prefill_attention  # read per step: may be switched between
         self.workspace = GatherWorkspace()
+        self.draft = draft
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -110,17 +113,7 @@ class ModelRunner:
         max_positions = hf_config.max_position_embeddings
         if config.max_model_len:
             max_positions = max(max_positions, config.max_model_len)
-        with torch.device(config.device):
-            model = LlamaModel(hf_config, max_positions).to(config.dtype)
-        model.rotary.float()
-        model.requires_grad_(False)
-        load_weights(model, config.model_path)
-        model.eval()
-        linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
-        model.use_linear_kernel(linear_kernel(linear_backend))
-        quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
-        if linear_backend == "onednn_packed":
-            model.pack_linears()
+        model, linear_backend = _build_model(config.model_path, hf_config, config, max_positions)
         head_dim = model.layers[0].self_attn.head_dim
         kv_dtype = check_kv_cache_dtype(config.kv_cache_dtype, head_dim)
         backend = pick_attention_backend(
@@ -145,10 +138,14 @@ class ModelRunner:
         budget = kv_cache.budget_bytes(
             config.device, config.kv_cache_memory, config.kv_cache_fraction
         )
-        num_blocks = budget // spec.bytes_per_block
+        draft = _DraftParts.load(config, hf_config, max_positions) if config.draft_model else None
+        per_block = spec.bytes_per_block + (draft.spec.bytes_per_block if draft else 0)
+        num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block")
         caches = kv_cache.allocate(spec, num_blocks, config.device)
+        proposer = draft.proposer(num_blocks, config, prefill=pick_prefill_attention(
+            config.prefill_attention, config.device)) if draft else None
         max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings,
             num_blocks * config.block_size,
@@ -156,7 +153,7 @@ class ModelRunner:
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
                    lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
                    attention_backend=backend, linear_backend=linear_backend,
-                   prefill_attention=prefill)
+                   prefill_attention=prefill, draft=proposer)
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
@@ -168,6 +165,8 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> dict[int, SampleResult]:
         for seq_id in sched.finished_seq_ids:
             self._generators.pop(seq_id, None)
+        if self.draft is not None:
+            self.draft.forget(sched.finished_seq_ids + sched.preempted_seq_ids)
         if sched.blocks_to_copy:
             self._copy_blocks(sched.blocks_to_copy)
         for slot, adapter in sched.lora_loads:
@@ -175,6 +174,7 @@ class ModelRunner:
             self.lora_slots.load(slot, adapter)
         if not sched.chunks:
             return {}
+        draft_probs = self._draft_proposals(sched.chunks)
         # decodes first, by adapter, then shortest context first (for grouping); then prefill
         # chunks, by adapter
         rows = sorted(_rows(sched.chunks), key=lambda r: (
@@ -199,10 +199,27 @@ class ModelRunner:
             sampled = sample(logits[: len(plain)], rows_, self.eos_token_ids, mask)
             results.update((c.seq_id, r) for c, r in zip(plain, sampled, strict=True))
         if spec:
-            spec_rows = [SpecRow(self._sampling_row(c), c.draft_token_ids) for c in spec]
+            spec_rows = [SpecRow(self._sampling_row(c), c.draft_token_ids,
+                                 draft_probs.get(c.seq_id)) for c in spec]
             verified = verify(logits[len(plain):], spec_rows, self.eos_token_ids)
             results.update((c.seq_id, r) for c, r in zip(spec, verified, strict=True))
+            if self.draft is not None:
+                for c in spec:
+                    self.draft.settle(c.seq_id, c.start_pos, len(results[c.seq_id].token_ids) - 1)
         return results
+
+    def _draft_proposals(self, chunks: list[ScheduledChunk]) -> dict[int, torch.Tensor | None]:
+        """Fill the draft slots of this step's chunks from the draft model; the draft's
+        distributions of sampling rows, by sequence."""
+        pending = [c for c in chunks if c.num_draft_slots and not c.draft_token_ids]
+        if not pending:
+            return {}
+        assert self.draft is not None, "draft slots need a runner with a draft model"
+        proposals = self.draft.propose(pending, [self._sampling_row(c) for c in pending])
+        for chunk, proposal in zip(pending, proposals, strict=True):
+            chunk.draft_token_ids = proposal.tokens
+            chunk.token_ids = chunk.token_ids + proposal.tokens
+        return {c.seq_id: p.probs for c, p in zip(pending, proposals, strict=True)}
 
     def _prepare(
         self, rows: list[_Row]
@@ -266,6 +283,63 @@ class ModelRunner:
         for k_cache, v_cache in self.kv_caches:
             k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
             v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
+        if self.draft is not None:
+            self.draft.copy_blocks(src, dst)
+
+
+def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions: int
+                 ) -> tuple[LlamaModel, str]:
+    """The model with its weights, projection kernel and quantization; and that kernel."""
+    with torch.device(config.device):
+        model = LlamaModel(hf_config, max_positions).to(config.dtype)
+    model.rotary.float()
+    model.requires_grad_(False)
+    load_weights(model, path)
+    model.eval()
+    linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
+    model.use_linear_kernel(linear_kernel(linear_backend))
+    quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
+    if linear_backend == "onednn_packed":
+        model.pack_linears()
+    return model, linear_backend
+
+
+@dataclass
+class _DraftParts:
+    """The draft model and its KV layout, before the pool (sized with the target's) exists."""
+
+    model: LlamaModel
+    spec: kv_cache.KVCacheSpec
+
+    @classmethod
+    def load(cls, config: RunnerConfig, target_config: Any, max_positions: int) -> _DraftParts:
+        from transformers import AutoConfig
+
+        assert config.draft_model is not None
+        hf_config = AutoConfig.from_pretrained(config.draft_model)
+        if hf_config.vocab_size != target_config.vocab_size:
+            raise ValueError(f"the draft model's vocabulary ({hf_config.vocab_size}) differs "
+                             f"from the model's ({target_config.vocab_size})")
+        model, _ = _build_model(Path(config.draft_model), hf_config, config, max_positions)
+        spec = kv_cache.KVCacheSpec(
+            num_layers=hf_config.num_hidden_layers,
+            num_kv_heads=hf_config.num_key_value_heads,
+            head_dim=model.layers[0].self_attn.head_dim,
+            block_size=config.block_size,
+            dtype=config.dtype,
+        )
+        return cls(model, spec)
+
+    def proposer(self, num_blocks: int, config: RunnerConfig, *, prefill: str
+                 ) -> DraftProposer:
+        hf_config = self.model.config
+        backend = pick_attention_backend(
+            config.attention_backend, config.device, config.block_size, self.spec.head_dim,
+            group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
+            dtype=config.dtype)
+        caches = kv_cache.allocate(self.spec, num_blocks, config.device)
+        return DraftProposer(self.model, caches, config.block_size, backend, prefill,
+                             dtype=config.dtype)
 
 
 def _rows(chunks: list[ScheduledChunk]) -> list[_Row]:

@@ -101,7 +101,7 @@ def _accept_sampled(probs: torch.Tensor, spec: SpecRow) -> list[int]:
     kept = (u * q < p).tolist()
     num_kept = kept.index(False) if False in kept else k
     if num_kept == k:
-        return [*spec.drafts, _draw(probs[k], generator)]
+        return [*spec.drafts, draw(probs[k], generator)]
     target = probs[num_kept]
     if spec.draft_probs is None:
         residual = target.clone()
@@ -110,10 +110,10 @@ def _accept_sampled(probs: torch.Tensor, spec: SpecRow) -> list[int]:
         residual = (target - spec.draft_probs[num_kept]).clamp_min(0.0)
     if not bool(residual.sum() > 0):  # p == q to the last bit: any draw from p is right
         residual = target
-    return [*spec.drafts[:num_kept], _draw(residual, generator)]
+    return [*spec.drafts[:num_kept], draw(residual, generator)]
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token with probability proportional to `weights` (the exponential race)."""
     noise = torch.empty_like(weights).exponential_(generator=generator)
     return int((weights / noise).argmax())

@@ -48,6 +48,11 @@ def test_config_parses_and_checks():
         SpeculativeConfig(method="medusa")
     with pytest.raises(ValueError, match="num_tokens"):
         SpeculativeConfig(num_tokens=0)
+    with pytest.raises(ValueError, match="draft_model"):
+        SpeculativeConfig(method="draft")
+    with pytest.raises(ValueError, match="draft_model"):
+        SpeculativeConfig(method="ngram", draft_model="/m")
+    assert SpeculativeConfig.parse({"method": "draft", "draft_model": "/m"}).draft_model == "/m"
     check_request_tokens(2, SpeculativeConfig(num_tokens=4))
     with pytest.raises(InvalidRequestError, match="exceeds"):
         check_request_tokens(5, SpeculativeConfig(num_tokens=4))
@@ -158,3 +163,19 @@ def test_a_preempted_row_rolls_back_what_its_dropped_chunk_counted():
     sched.running.remove(seq)
     sched._preempt(seq, out)
     assert out.chunks == [] and seq.num_computed_tokens == 0 and seq.block_table == []
+
+
+def test_a_draft_model_row_reserves_slots_for_the_runner_to_fill():
+    sched = Scheduler(
+        SchedulerConfig(speculative=SpeculativeConfig(method="draft", draft_model="/m",
+                                                      num_tokens=3)),
+        BlockManager(32, 4))
+    seq = decoding(sched, [1, 2, 3, 4, 5, 6], [2])
+    out = sched.schedule()
+    (chunk,) = out.chunks
+    assert (chunk.token_ids, chunk.draft_token_ids, chunk.num_draft_slots) == ([2], [], 3)
+    assert chunk.context_token_ids is seq.token_ids
+    assert seq.num_computed_tokens == 10 and seq.block_table == [0, 1, 2]
+    sched.running.remove(seq)
+    sched._preempt(seq, out)
+    assert seq.num_computed_tokens == 0 and seq.block_table == []
