@@ -55,6 +55,16 @@ def test_int8_linear_is_the_dequantized_product(monkeypatch, tile_bytes, rows, b
                                    rtol=1e-5, atol=1e-4)
 
 
+def test_half_precision_output_is_scaled_in_float32():
+    gen = torch.Generator().manual_seed(4)
+    q, scale = quantize_per_channel(torch.randn(64, 48, generator=gen) * 5)
+    x = torch.randn(9, 48, generator=gen).bfloat16()
+    got = int8_linear(x, q, scale, None)
+    assert got.dtype == torch.bfloat16 and scale.dtype == torch.float32
+    expected = F.linear(x.float(), q.float() * scale[:, None])
+    torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+
+
 def _tiny_model(tiny_llama_path: Path, tie: bool = True):
     from transformers import AutoConfig
 
