@@ -239,3 +239,30 @@ def test_sampled_outputs_follow_the_target_distribution(tiny_llama_path, draft_p
     stat, dof = chi_square(hist, plain_histogram)
     assert dof >= 8  # the outputs vary: the test has something to compare
     assert stat < CRITICAL_0_001[min(dof, 63)]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_grammar_rows_speculate_and_keep_identical_output(tiny_llama_path, draft_path,
+                                                          tokenizer, method):
+    """Under a grammar each position is masked as if the proposals before it were kept; the
+    matcher reads ahead and is rolled back, so the output is the plain path's, and it still
+    matches the grammar."""
+    import re
+
+    from workers.engine.structured import StructuredOutputs
+
+    pattern = r"(cat |dog |bird ){3,30}\."
+    prompt = tokenizer.encode("cat dog bird cat dog bird cat dog bird", add_special_tokens=False)
+    batch = [prompt, prompt[2:], prompt[:5]]
+    sampling = SamplingParams(temperature=0.0, max_tokens=60,
+                              structured=StructuredOutputs(regex=pattern))
+    config = NGRAM if method == "ngram" else draft(draft_path)
+    plain = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, **CPU32).generate(batch, sampling)
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, speculative=config, **CPU32)
+    spec = llm.generate(batch, sampling)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+    assert all(re.fullmatch(pattern, o.text) for o in spec)
+    stats = llm.engine.stats()
+    assert stats["spec_proposed_tokens"] > 0
+    if method == "ngram":  # the grammar narrows the choice: the output repeats its words
+        assert 0 < stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]

@@ -227,14 +227,14 @@ class Scheduler:
     def _propose(self, seq: Sequence, room: int) -> list[int] | int:
         """Draft tokens for a decoding sequence (prompt lookup), or the number of slots for
         the runner's draft model: none for rows whose next-token rule depends on the tokens
-        before it in ways the sampler does not replay per position (grammars, penalties), nor
-        where they would not fit the budget, `max_tokens` or the free blocks (a proposal never
-        preempts anyone)."""
+        before it in ways the sampler does not replay per position (penalties), nor where
+        they would not fit the budget, `max_tokens` or the free blocks (a proposal never
+        preempts anyone). Grammar rows do speculate: the runner masks each position as if
+        the proposals before it were kept."""
         spec = self.config.speculative
         params = seq.sampling_params
         if (spec is None or seq.num_output_tokens == 0 or seq.pending_forks
-                or seq.num_computed_tokens + 1 != seq.num_tokens
-                or seq.grammar is not None or params.uses_penalties):
+                or seq.num_computed_tokens + 1 != seq.num_tokens or params.uses_penalties):
             return []
         k = spec.num_tokens
         if params.speculative_tokens is not None:

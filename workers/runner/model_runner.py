@@ -201,7 +201,8 @@ class ModelRunner:
         if spec:
             spec_rows = [SpecRow(self._sampling_row(c), c.draft_token_ids,
                                  draft_probs.get(c.seq_id)) for c in spec]
-            verified = verify(logits[len(plain):], spec_rows, self.eos_token_ids)
+            verified = verify(logits[len(plain):], spec_rows, self.eos_token_ids,
+                              self._spec_mask(spec))
             results.update((c.seq_id, r) for c, r in zip(spec, verified, strict=True))
             if self.draft is not None:
                 for c in spec:
@@ -260,6 +261,21 @@ class ModelRunner:
             return None
         matchers = [chunks[i].grammar for i in constrained]
         return token_mask.fill(matchers, constrained, self.model.config.vocab_size, self.device)
+
+    def _spec_mask(self, chunks: list[ScheduledChunk]) -> TokenMask | None:
+        """Allowed tokens at every position of the speculating rows under a grammar."""
+        rows: list[int] = []
+        masks: list[torch.Tensor] = []
+        offset = 0
+        vocab = self.model.config.vocab_size
+        for chunk in chunks:
+            if chunk.grammar is not None:
+                masks.append(token_mask.fill_ahead(chunk.grammar, chunk.draft_token_ids, vocab))
+                rows.extend(range(offset, offset + chunk.num_tokens))
+            offset += chunk.num_tokens
+        if not masks:
+            return None
+        return TokenMask(rows, torch.cat(masks).to(self.device, non_blocking=True))
 
     def _sampling_row(self, chunk: ScheduledChunk) -> SamplingRow:
         generator = None

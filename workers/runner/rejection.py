@@ -9,8 +9,10 @@ residual `max(0, p_i - q_i)` renormalised, and when every proposal is kept one m
 drawn from `p_{k+1}`. Prompt lookup proposes deterministically (`q_i` is one-hot at `d_i`):
 `d_i` is kept with probability `p_i(d_i)`, and the residual is `p_i` without `d_i`.
 
-`p_i` is the row's own sampling distribution (logit bias, the `min_tokens` ban at the
-position's own output count, temperature, top-k/top-p, min-p), as `sampler.sample` draws from.
+`p_i` is the row's own sampling distribution (grammar mask, logit bias, the `min_tokens` ban
+at the position's own output count, temperature, top-k/top-p, min-p), as `sampler.sample`
+draws from. A grammar's mask at position i assumes the proposals before it were kept, which
+is the only case where position i is sampled from (`token_mask.fill_ahead`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.runner import token_mask
 from workers.runner.sampler import (
     SampleResult,
     SamplingRow,
@@ -28,6 +31,7 @@ from workers.runner.sampler import (
     gather_logprobs,
     target_probs,
 )
+from workers.runner.token_mask import TokenMask
 
 
 @dataclass
@@ -37,15 +41,18 @@ class SpecRow:
     draft_probs: torch.Tensor | None = None  # [k, vocab] from a draft model; None: one-hot
 
 
-def verify(logits: torch.Tensor, rows: list[SpecRow], eos_token_ids: list[int]
-           ) -> list[SampleResult]:
+def verify(logits: torch.Tensor, rows: list[SpecRow], eos_token_ids: list[int],
+           mask: TokenMask | None = None) -> list[SampleResult]:
     """logits: `[sum(k + 1), vocab]` float32, each row's positions in order. Returns per row
-    the kept proposals plus one token of the model's own (1 to k + 1 tokens)."""
+    the kept proposals plus one token of the model's own (1 to k + 1 tokens). `mask` holds
+    the grammar's allowed tokens of constrained positions (indices into those rows)."""
     flat = [dataclasses.replace(r.row, num_samples=1,
                                 num_output_tokens=r.row.num_output_tokens + i)
             for r in rows for i in range(len(r.drafts) + 1)]
     want = [i for i, f in enumerate(flat) if f.params.logprobs is not None]
     raw = torch.log_softmax(logits[want], dim=-1) if want else None
+    if mask is not None:
+        token_mask.apply(logits, mask.rows, mask.bitmask)
     apply_logit_bias(logits, flat)
     apply_penalties(logits, flat, eos_token_ids)  # the min_tokens ban, per position
     argmax = logits.argmax(dim=-1).tolist()

@@ -46,6 +46,10 @@ class Matcher:
     def is_terminated(self) -> bool:
         return self._matcher.is_stopped()
 
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int) -> None:
         """Write the allowed next tokens into row `index` of a CPU int32 bitmask."""
         row = bitmask[index]

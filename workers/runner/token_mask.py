@@ -31,6 +31,28 @@ def fill(matchers: list[Any], rows: list[int], vocab_size: int, device: torch.de
     return TokenMask(rows, bitmask.to(device, non_blocking=True))
 
 
+def fill_ahead(matcher: Any, drafts: list[int], vocab_size: int) -> torch.Tensor:
+    """Allowed tokens at each of a speculating row's `len(drafts) + 1` positions, on the CPU:
+    the matcher reads ahead through the proposals it allows and is rolled back after. Past a
+    proposal the grammar refuses (it will be rejected: its probability is 0 under the mask),
+    or past the end of the grammar (the sample ends there), rows allow everything; they are
+    never sampled from."""
+    bitmask = torch.full((len(drafts) + 1, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+    consumed = 0
+    for i, token in enumerate(drafts):
+        matcher.fill_next_token_bitmask(bitmask, i)
+        word = int(bitmask[i, token // 32]) if token < vocab_size else 0
+        if not (word >> (token % 32)) & 1 or not matcher.accept_token(token):
+            break
+        consumed += 1
+        if matcher.is_terminated():
+            break
+    else:
+        matcher.fill_next_token_bitmask(bitmask, len(drafts))
+    matcher.rollback(consumed)
+    return bitmask
+
+
 def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[rows, words] int32 -> [rows, vocab_size] bool (True = allowed)."""
     return _bias(bitmask, vocab_size, torch.float32) == 0

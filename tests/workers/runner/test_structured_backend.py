@@ -80,3 +80,24 @@ def test_closed_objects_only_closes_what_lists_properties():
     assert all("additionalProperties" not in part for part in out["allOf"])
     assert out["items"][0]["additionalProperties"] is False
     assert "additionalProperties" not in schema["$defs"]["d"]  # the input is not changed
+
+
+def test_fill_ahead_masks_each_position_and_leaves_the_matcher_where_it_was(backend,
+                                                                             tokenizer):
+    """Speculative verification: position i's mask assumes proposals 0..i-1 were kept; a
+    refused proposal stops the read-ahead, and the matcher is rolled back."""
+    vocab = backend.vocab_size
+    matcher = backend.matcher(backend.compile(StructuredOutputs(regex="[0-9]{3}")))
+    digit = {tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)}
+    one, two, x = (tokenizer.convert_tokens_to_ids(t) for t in ("1", "2", "x"))
+    before = allowed(matcher, vocab)
+    masks = token_mask.unpack(token_mask.fill_ahead(matcher, [one, two, x, one], vocab), vocab)
+    at = [set(torch.nonzero(m).flatten().tolist()) for m in masks]
+    assert digit <= at[0] and x not in at[0]
+    assert at[0] == at[1] == at[2] == before  # three digits, each from the digits' set
+    assert at[3] == at[4] == set(range(vocab))  # after the refused "x": never sampled from
+    assert allowed(matcher, vocab) == before and not matcher.is_terminated()
+    # three digits complete the grammar: the sample ends at the third, nothing is masked after
+    ahead = token_mask.unpack(token_mask.fill_ahead(matcher, [one, two, one], vocab), vocab)
+    assert bool(ahead[3].all()) and not bool(ahead[2].all())
+    assert allowed(matcher, vocab) == before
