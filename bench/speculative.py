@@ -66,6 +66,24 @@ def repeating_prompts(tokenizer: Any, count: int) -> list[list[int]]:
             for i in range(count)]
 
 
+def truncated_draft(layers: int, out: Path) -> Path:
+    """The default model cut to its first `layers` layers (final norm and head kept): a draft
+    of the same vocabulary when no smaller sibling is at hand (self-speculation)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.model_files import resolve_model
+
+    folder = resolve_model(None)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(out)
+    return out
+
+
 def run_arm(llm: Any, sp_cls: Any, prompts: list[list[int]], max_tokens: list[int],
             speculative: bool, ignore_eos: bool) -> dict[str, Any]:
     params = [sp_cls(temperature=0.0, max_tokens=m, ignore_eos=ignore_eos,
@@ -92,10 +110,10 @@ def run_arm(llm: Any, sp_cls: Any, prompts: list[list[int]], max_tokens: list[in
 
 def compare(llm: Any, sp_cls: Any, prompts: list[list[int]], max_tokens: list[int],
             rounds: int, ignore_eos: bool) -> dict[str, Any]:
-    arms: dict[str, list[dict[str, Any]]] = {"plain": [], "ngram": []}
+    arms: dict[str, list[dict[str, Any]]] = {"plain": [], "spec": []}
     for _ in range(rounds):
         for name in arms:
-            arms[name].append(run_arm(llm, sp_cls, prompts, max_tokens, name == "ngram",
+            arms[name].append(run_arm(llm, sp_cls, prompts, max_tokens, name == "spec",
                                       ignore_eos))
     report: dict[str, Any] = {"requests": len(prompts)}
     for name, runs in arms.items():
@@ -109,9 +127,9 @@ def compare(llm: Any, sp_cls: Any, prompts: list[list[int]], max_tokens: list[in
             "runs_tok_s": [round(r["tok_s"], 2) for r in runs],
         }
     report["identical_greedy"] = all(
-        p["ids"] == s["ids"] for p, s in zip(arms["plain"], arms["ngram"], strict=True))
-    report["tpot_speedup"] = report["plain"]["tpot_p50_ms"] / report["ngram"]["tpot_p50_ms"]
-    report["tok_s_ratio"] = report["ngram"]["tok_s"] / report["plain"]["tok_s"]
+        p["ids"] == s["ids"] for p, s in zip(arms["plain"], arms["spec"], strict=True))
+    report["tpot_speedup"] = report["plain"]["tpot_p50_ms"] / report["spec"]["tpot_p50_ms"]
+    report["tok_s_ratio"] = report["spec"]["tok_s"] / report["plain"]["tok_s"]
     return report
 
 
@@ -123,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat-max-tokens", type=int, default=160)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--standard-requests", type=int, default=64)
+    parser.add_argument("--method", choices=("ngram", "draft"), default="ngram")
+    parser.add_argument("--draft-layers", type=int, default=8,
+                        help="method draft: the default model's first N layers as the draft")
     parser.add_argument("--engine-arg", action="append", default=[],
                         help="extra engine keyword, key=json (e.g. quantization=\"int8\")")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/speculative-cpu.json")
@@ -133,9 +154,15 @@ def main(argv: list[str] | None = None) -> int:
     from workers import LLM, SamplingParams
 
     extra = {k: json.loads(v) for k, _, v in (a.partition("=") for a in args.engine_arg)}
+    speculative = {"method": args.method, "num_tokens": args.num_tokens,
+                   "max_batch": args.max_batch}
+    if args.method == "draft":
+        import tempfile
+
+        folder = Path(tempfile.mkdtemp(prefix="draft-"))
+        speculative["draft_model"] = str(truncated_draft(args.draft_layers, folder))
     llm = LLM(device="cpu", dtype="float32", kv_cache_memory=1 << 30, max_num_seqs=64,
-              speculative={"method": "ngram", "num_tokens": args.num_tokens,
-                           "max_batch": args.max_batch}, **extra)
+              speculative=speculative, **extra)
     tokenizer = llm.engine.tokenizer
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4))  # warm up
     report: dict[str, Any] = {
@@ -150,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
                          args.rounds, ignore_eos=False)
         report["repeating"][str(batch)] = result
         print(f"repeating batch {batch}: TPOT p50 plain {result['plain']['tpot_p50_ms']:.1f} ms"
-              f" ngram {result['ngram']['tpot_p50_ms']:.1f} ms ({result['tpot_speedup']:.2f}x),"
-              f" acceptance {result['ngram']['acceptance']}, identical "
+              f" {args.method} {result['spec']['tpot_p50_ms']:.1f} ms"
+              f" ({result['tpot_speedup']:.2f}x),"
+              f" acceptance {result['spec']['acceptance']}, identical "
               f"{result['identical_greedy']}", flush=True)
     if args.standard_requests:
         wl = build_workload(tokenizer, args.standard_requests, 512, 256, 0, 0.0)
@@ -159,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                          [r.max_tokens for r in wl.requests], args.rounds, ignore_eos=True)
         report["standard"] = result
         print(f"standard {args.standard_requests}: tok/s plain {result['plain']['tok_s']:.1f} "
-              f"ngram {result['ngram']['tok_s']:.1f} ({result['tok_s_ratio']:.3f}x), "
+              f"{args.method} {result['spec']['tok_s']:.1f} ({result['tok_s_ratio']:.3f}x), "
               f"identical {result['identical_greedy']}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -76,22 +76,27 @@ def check_request_tokens(value: int | None, config: SpeculativeConfig | None) ->
 
 
 class NgramIndex:
-    """Where each n-gram of a sequence last ended, kept up to date as tokens are appended
-    (O(ngram sizes) per token, so a long prompt is indexed once, not searched every step)."""
+    """Where each n-gram of a sequence first and last ended, kept up to date as tokens are
+    appended (O(ngram sizes) per token, so a long prompt is indexed once, not searched every
+    step)."""
 
     def __init__(self, ngram_min: int, ngram_max: int) -> None:
         self.ngram_min = ngram_min
         self.ngram_max = ngram_max
         self.num_indexed = 0
-        self._ends: dict[tuple[int, ...], int] = {}
-        self._matches: dict[int, int] = {}  # n -> earlier end of the sequence's last n tokens
+        self._ends: dict[tuple[int, ...], tuple[int, int]] = {}  # n-gram -> (first, last) end
+        self._matches: dict[int, tuple[int, int]] = {}  # n -> the tail's earlier ends
 
     def propose(self, token_ids: list[int], k: int) -> list[int]:
-        """Up to `k` tokens that followed the longest earlier match of the sequence's tail."""
+        """Up to `k` tokens that followed the longest earlier match of the sequence's tail:
+        its latest occurrence, unless that one is too close to the tail to be followed by
+        `k` tokens (a repeating run), then its first."""
         self._extend(token_ids)
         for n in range(self.ngram_max, self.ngram_min - 1, -1):
-            end = self._matches.get(n)
-            if end is not None:
+            match = self._matches.get(n)
+            if match is not None:
+                first, latest = match
+                end = latest if len(token_ids) - 1 - latest >= k else first
                 return token_ids[end + 1 : end + 1 + k]
         return []
 
@@ -102,13 +107,13 @@ class NgramIndex:
         for j in range(self.num_indexed, len(token_ids)):
             for n in range(self.ngram_min, min(self.ngram_max, j + 1) + 1):
                 key = tuple(token_ids[j + 1 - n : j + 1])
-                earlier = self._ends.get(key)
-                self._ends[key] = j
+                seen = self._ends.get(key)
+                self._ends[key] = (j, j) if seen is None else (seen[0], j)
                 if j == last:
-                    if earlier is None:
+                    if seen is None:
                         self._matches.pop(n, None)
                     else:
-                        self._matches[n] = earlier
+                        self._matches[n] = seen
         self.num_indexed = len(token_ids)
 
 

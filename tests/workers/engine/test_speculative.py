@@ -39,6 +39,12 @@ def test_the_proposal_may_run_into_the_tail():
     assert NgramIndex(1, 2).propose([4, 4, 4], 5) == [4]
 
 
+def test_a_repeating_run_proposes_from_its_first_occurrence():
+    # the latest earlier "7 7" ends one token before the tail: too close to propose 3
+    assert NgramIndex(2, 2).propose([1, 7, 7, 7, 7, 7], 3) == [7, 7, 7]
+    assert NgramIndex(2, 2).propose([1, 7, 7, 2, 5, 7, 7], 2) == [2, 5]
+
+
 def test_config_parses_and_checks():
     assert SpeculativeConfig.parse(None) is None
     assert SpeculativeConfig.parse({"num_tokens": 3}).num_tokens == 3
