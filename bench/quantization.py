@@ -74,7 +74,12 @@ def main() -> int:
     parser.add_argument("--pack-rows", type=int, default=8,
                         help="run _weight_int8pack_mm up to this many rows")
     parser.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 sidesteps the OpenMP "
+                             "barrier stalls a busy 2-core machine adds to every call")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows_list = [int(r) for r in args.rows.split(",")]
     wanted = args.shapes.split(",")
     table = []
