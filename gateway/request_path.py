@@ -44,6 +44,7 @@ from gateway.routing.router import plan_route
 from gateway.settlement import Clock
 from gateway.state import GatewayState
 from gateway.ticket import Ticket
+from tenancy.context import PlanLimits
 from workers.protocol.render import Fold
 from workers.protocol.requests import (
     OpenAIRequest,
@@ -55,6 +56,18 @@ from workers.protocol.requests import (
 T = TypeVar("T")
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
 TIER_HEADER = "x-switchboard-tier"
+
+
+def engine_share(tenant_id: str, plan: PlanLimits, asked: int | None) -> EngineShare:
+    """Whom the engines charge, from the key alone, and at what priority within the tenant:
+    the plan's unless the request asks for a later one (a larger value). The plan's priority
+    is the most urgent a request may ask; more urgent is a 400 naming `priority`."""
+    if asked is not None and asked < plan.priority:
+        raise bad_request(f"priority {asked} is more urgent than this key's plan allows "
+                          f"({plan.priority}); send {plan.priority} or more",
+                          param="priority")
+    return EngineShare(tenant_id, plan.engine_weight,
+                       plan.priority if asked is None else asked)
 
 
 async def serve_completion(request: Request, *, chat: bool) -> Response:
@@ -76,7 +89,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
                                 tier=asked_tier(request), logprobs=body.wants_logprobs,
                                 request=body)
     dispatches = tracing.dispatches()
-    share = EngineShare(key.tenant_id, key.plan.engine_weight, key.plan.priority)
+    share = engine_share(key.tenant_id, key.plan, body.priority)
 
     def prepare(deployment: Deployment) -> Call:
         call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,

@@ -58,6 +58,12 @@ async def test_chat_on_embedded_engine(gw):
     assert int(r.headers["x-ratelimit-remaining-requests"]) == 999
 
 
+async def test_a_request_may_ask_a_later_priority_than_its_plan(gw):
+    r = await gw.post("/v1/chat/completions", json={"model": "tiny", "messages": CHAT,
+                                                    "max_tokens": 2, "priority": 5})
+    assert r.status_code == 200, r.text
+
+
 async def test_completions_and_max_completion_tokens(gw):
     r = await gw.post("/v1/completions", json={"model": "tiny", "prompt": "Once upon",
                                                "max_tokens": 4, "logprobs": 1})
@@ -126,6 +132,9 @@ async def test_models_lists_deployments(gw):
     ({"model": "tiny", "messages": CHAT, "speculative_tokens": 17}, "speculative_tokens"),
     # within the schema, but this engine does not speculate: refused by name, not ignored
     ({"model": "tiny", "messages": CHAT, "speculative_tokens": 2}, "speculative_tokens"),
+    ({"model": "tiny", "messages": CHAT, "priority": 11}, "priority"),
+    # the plan's priority (0) is the most urgent a request may ask
+    ({"model": "tiny", "messages": CHAT, "priority": -1}, "priority"),
 ])
 async def test_invalid_bodies_are_400(gw, body, param):
     assert_error(await gw.post("/v1/chat/completions", json=body), 400, param=param)

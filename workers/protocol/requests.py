@@ -264,6 +264,9 @@ class _Sampling(BaseModel):
     min_tokens: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
     # proposals per step under the engine's speculative decoding (0: off for this request)
     speculative_tokens: Annotated[int, Field(ge=0, le=16)] | None = None
+    # within the caller's tenant, lower runs first: as urgent as the key's plan allows, or
+    # less (gateway/request_path.py `engine_share`)
+    priority: Annotated[int, Field(ge=-10, le=10)] | None = None
     ignore_eos: bool | None = None
     guided_json: JsonObject | str | None = None
     guided_regex: str | None = None
