@@ -14,7 +14,12 @@ drift hits both. Weights are cold per call only as far as the shapes exceed the 
 LM head's (113 MB float32) does, the layers' (1-7 MB) stay in L3, which favours float here;
 the engine figures (bench/engine_throughput.py) are the ones that decide.
 
-Usage: .venv/bin/python bench/quantization.py [--rows 1,8,64,256] [--rounds 5]
+With `--model`, instead: the bundled SmolLM2's weight bytes (float32 against int8), KV tokens
+per GiB for each kv_cache_dtype, and held-out perplexity (tests/data/heldout.txt) for float32,
+int8 weights, int8 KV and both.
+
+Usage: .venv/bin/python bench/quantization.py [--rows 1,8,64,256] [--rounds 5] [--threads 1]
+       .venv/bin/python bench/quantization.py --model
 """
 
 from __future__ import annotations
@@ -67,6 +72,32 @@ def compare(rows: int, in_features: int, out_features: int, rounds: int,
     return result
 
 
+def model_figures() -> dict:
+    """Weight bytes, KV tokens per GiB and held-out perplexity of SmolLM2 per setting."""
+    from workers import LLM
+    from workers.runner.kv_cache import KVCacheSpec
+    from workers.runner.perplexity import perplexity
+    from workers.runner.quantization import weight_bytes
+
+    text = (ROOT / "tests" / "data" / "heldout.txt").read_text()
+    figures: dict = {"settings": []}
+    for settings in ({}, {"quantization": "int8"}, {"kv_cache_dtype": "int8"},
+                     {"quantization": "int8", "kv_cache_dtype": "int8"}):
+        llm = LLM(None, kv_cache_memory=64 << 20, **settings)
+        runner = llm.engine.runner
+        config = runner.model.config
+        spec = KVCacheSpec(config.num_hidden_layers, config.num_key_value_heads,
+                           runner.model.layers[0].self_attn.head_dim, runner.block_size,
+                           runner.dtype, settings.get("kv_cache_dtype", "auto"))
+        row = {"settings": settings, "weight_bytes": weight_bytes(runner.model),
+               "kv_tokens_per_gib": (1 << 30) // spec.bytes_per_block * spec.block_size,
+               "perplexity": perplexity(runner, llm.tokenizer.encode(text))}
+        figures["settings"].append(row)
+        print(f"{settings!s:50} weights {row['weight_bytes'] / 2**20:7.1f} MiB  KV tokens/GiB "
+              f"{row['kv_tokens_per_gib']:7d}  perplexity {row['perplexity']:.4f}", flush=True)
+    return figures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8,64,256")
@@ -77,9 +108,17 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default); 1 sidesteps the OpenMP "
                              "barrier stalls a busy 2-core machine adds to every call")
+    parser.add_argument("--model", action="store_true",
+                        help="SmolLM2's weight bytes, KV tokens per GiB and perplexities")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.model:
+        RESULTS.mkdir(exist_ok=True)
+        out = RESULTS / "quantization-model-cpu.json"
+        out.write_text(json.dumps({"cpu": cpu_model(), **model_figures()}, indent=2))
+        print(f"wrote {out}")
+        return 0
     rows_list = [int(r) for r in args.rows.split(",")]
     wanted = args.shapes.split(",")
     table = []

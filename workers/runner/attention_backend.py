@@ -9,7 +9,6 @@ is refused by name rather than silently replaced.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 
 import torch
@@ -20,20 +19,17 @@ from workers.runner.attention import PREFILL_KERNELS
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 PREFILL_ATTENTION = ("auto", *PREFILL_KERNELS)
 
-logger = logging.getLogger(__name__)
-
 
 def pick_attention_backend(
     name: str, device: torch.device, block_size: int, head_dim: int, *, group: int = 1,
-    dtype: torch.dtype = torch.float32, kv_cache_dtype: str = "auto",
+    dtype: torch.dtype = torch.float32,
 ) -> str:
     """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
     there, the C kernel on CPU (float32) when it builds (it is built here); else torch.
 
     Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
     CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
-    An int8 pool (`kv_cache_dtype`) is read in place by the C kernel; the Triton kernel does
-    not read it yet, so on CUDA `auto` takes the torch path (gather, dequantize, SDPA).
+    Both kernels read an int8 pool (`kv_cache_dtype`) in place.
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}")
@@ -42,13 +38,6 @@ def pick_attention_backend(
     has_triton = importlib.util.find_spec("triton") is not None
     triton_fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
     cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype)
-    if kv_cache_dtype == "int8":
-        if name == "triton":
-            raise ValueError("attention_backend 'triton' does not read an int8 KV cache")
-        if name == "auto" and device.type == "cuda":
-            logger.info("int8 KV cache on CUDA: decode attention on the torch path "
-                        "(the Triton kernel reads float pools only)")
-            return "torch"
     if name == "auto":
         if device.type == "cuda":
             return "triton" if has_triton and triton_fits else "torch"

@@ -8,6 +8,10 @@ Python grouping, so its launch has fixed shapes (what a CUDA graph needs).
 One program serves one sequence and one KV head, with all the query heads of that head's GQA
 group as the rows of one tile. Importing this module imports Triton; only the CUDA backend
 does, or a test on CPU tensors with `TRITON_INTERPRET=1` set before Triton is imported.
+
+An int8 pool (`kv_quant`: head_dim int8 values, then the row's float32 scale) is read in place
+too: int8 converts exactly to the query's dtype, the K scales multiply the scores and the V
+scales the softmax weights.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ def _paged_decode(
     stride_o_tok, stride_o_head, stride_table,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, INT8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -53,14 +57,26 @@ def _paged_decode(
         base = block.to(tl.int64) * stride_kv_block + (pos % BLOCK_SIZE) * stride_kv_tok
         kv_off = base[:, None] + kv_head * stride_kv_head + dims[None, :]
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + kv_off, mask=kv_mask, other=0)
+        v = tl.load(v_ptr + kv_off, mask=kv_mask, other=0)
+        if INT8:  # each row's float32 scale sits right after its values
+            scale_off = base + kv_head * stride_kv_head + HEAD_DIM
+            k_scale = tl.load((k_ptr + scale_off).to(tl.pointer_type(tl.float32), bitcast=True),
+                              mask=pos_ok, other=0.0)
+            v_scale = tl.load((v_ptr + scale_off).to(tl.pointer_type(tl.float32), bitcast=True),
+                              mask=pos_ok, other=0.0)
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        if INT8:
+            s = s * k_scale[None, :]
         s = tl.where(pos_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         denom = denom * alpha + tl.sum(p, 1)
+        if INT8:
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m = m_new
     out = acc / denom[:, None]
@@ -76,8 +92,9 @@ def paged_decode(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [rows, heads, dim], one query token per row; k_cache, v_cache: the layer's pool,
-    [num_blocks, kv_heads, block_size, dim]; block_tables: int32 [rows, max_blocks]; seq_lens:
-    int32 [rows], the context each row attends to (its own new token included)."""
+    [num_blocks, kv_heads, block_size, dim] (or dim + 4 int8 elements, `kv_quant`);
+    block_tables: int32 [rows, max_blocks]; seq_lens: int32 [rows], the context each row
+    attends to (its own new token included)."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -94,5 +111,6 @@ def paged_decode(
         GROUP=group, GROUP_PAD=max(MIN_TILE, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, DIM_PAD=max(MIN_TILE, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE=max(TILE_TOKENS, block_size), PRECISION=precision,
+        INT8=k_cache.dtype == torch.int8,
     )
     return out
