@@ -22,7 +22,12 @@ from workers.engine.prefix_hash import PrefixSummary
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from workers.engine.sequence import FinishReason, PromptProgress, RequestMetrics, Sequence
-from workers.engine.speculative import SpecStats, SpeculativeConfig, check_request_tokens
+from workers.engine.speculative import (
+    SpecStats,
+    SpeculativeConfig,
+    back_off,
+    check_request_tokens,
+)
 from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
@@ -478,6 +483,7 @@ class LLMEngine:
         (`num_computed_tokens`, and the blocks past the tokens go back to the pool)."""
         tokens = result.token_ids
         self.spec_stats.record(result.num_drafts, len(tokens) - 1)
+        back_off(seq, len(tokens) - 1)
         logprobs = result.logprobs or [None] * len(tokens)
         seq.num_computed_tokens = seq.num_tokens  # through the step's first position
         for j, (token, logprob) in enumerate(zip(tokens, logprobs, strict=True)):

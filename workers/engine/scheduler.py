@@ -236,6 +236,9 @@ class Scheduler:
         if (spec is None or seq.num_output_tokens == 0 or seq.pending_forks
                 or seq.num_computed_tokens + 1 != seq.num_tokens or params.uses_penalties):
             return []
+        if seq.spec_rest:  # its recent proposals all missed (speculative.back_off)
+            seq.spec_rest -= 1
+            return []
         k = spec.num_tokens
         if params.speculative_tokens is not None:
             k = min(k, params.speculative_tokens)

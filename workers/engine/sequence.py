@@ -104,6 +104,8 @@ class Sequence:
     # structured outputs: advanced with every kept output token, so it survives preemption
     grammar: TokenMatcher | None = None
     ngram: NgramIndex | None = None  # speculative decoding's prompt-lookup index, built lazily
+    spec_misses: int = 0  # speculative steps in a row that kept no proposal
+    spec_rest: int = 0  # decode steps to sit out proposals (backoff after misses)
 
     @property
     def num_tokens(self) -> int:

@@ -16,8 +16,12 @@ Pure Python, no torch: the scheduler proposes while it schedules.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from workers.engine.sampling_params import InvalidRequestError
+
+if TYPE_CHECKING:  # sequence.py imports NgramIndex from here
+    from workers.engine.sequence import Sequence
 
 METHODS = ("ngram", "draft")
 
@@ -115,6 +119,20 @@ class NgramIndex:
                     else:
                         self._matches[n] = seen
         self.num_indexed = len(token_ids)
+
+
+MAX_REST = 7
+
+
+def back_off(seq: Sequence, num_kept: int) -> None:
+    """After a verification: a sequence whose proposals keep missing sits out proposals for
+    0, 1, 3, then 7 decode steps after its 1st, 2nd, 3rd and later misses in a row, so text
+    that does not repeat stops paying for proposals; one kept proposal resets it."""
+    if num_kept:
+        seq.spec_misses = 0
+        return
+    seq.spec_misses += 1
+    seq.spec_rest = min((1 << (seq.spec_misses - 1)) - 1, MAX_REST)
 
 
 class SpecStats:

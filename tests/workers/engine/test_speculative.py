@@ -12,6 +12,7 @@ from workers.engine.speculative import (
     NgramIndex,
     SpecStats,
     SpeculativeConfig,
+    back_off,
     check_request_tokens,
 )
 
@@ -185,3 +186,24 @@ def test_a_draft_model_row_reserves_slots_for_the_runner_to_fill():
     sched.running.remove(seq)
     sched._preempt(seq, out)
     assert seq.num_computed_tokens == 0 and seq.block_table == []
+
+
+def test_a_sequence_whose_proposals_keep_missing_rests_longer_each_time():
+    seq = make_seq(4)
+    rests = []
+    for _ in range(5):
+        back_off(seq, 0)
+        rests.append(seq.spec_rest)
+    assert rests == [0, 1, 3, 7, 7]
+    back_off(seq, 2)
+    assert seq.spec_misses == 0
+
+
+def test_a_resting_sequence_proposes_nothing_until_its_rest_is_over():
+    sched = make_scheduler()
+    seq = decoding(sched, [1, 2, 3, 4, 5, 6], [2])
+    seq.spec_rest = 1
+    out = sched.schedule()
+    assert out.chunks[0].draft_token_ids == [] and seq.spec_rest == 0
+    seq.token_ids.append(3)  # the engine's token for that step
+    assert sched.schedule().chunks[0].draft_token_ids == [4, 5, 6]
