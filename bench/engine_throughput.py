@@ -992,7 +992,8 @@ def parent_main(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "max_batched_tokens": args.max_batched_tokens,
         "workload": wl.summary(),
-        "results": [{k: v for k, v in r.items() if k not in ("heads", "outputs")}
+        "results": [{k: v for k, v in r.items()
+                     if args.keep_outputs or k not in ("heads", "outputs")}
                     for r in results],
     }
     out = Path(args.results) if args.results else default_results_path(args, standard)
@@ -1080,6 +1081,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3600.0, help=f"seconds per system {d}")
     p.add_argument("--results", default=None, help="JSON path (default under bench/results/)")
     p.add_argument("--verbose", action="store_true", help="show the children's output")
+    p.add_argument("--keep-outputs", action="store_true",
+                   help="keep every request's output token ids in the results JSON (to compare "
+                        "runs, e.g. quantized against float: bench/quantization.py --agree)")
     hidden = argparse.SUPPRESS
     p.add_argument("--only", choices=SYSTEMS, help=hidden)
     p.add_argument("--workload-file", help=hidden)

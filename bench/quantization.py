@@ -18,8 +18,12 @@ With `--model`, instead: the bundled SmolLM2's weight bytes (float32 against int
 per GiB for each kv_cache_dtype, and held-out perplexity (tests/data/heldout.txt) for float32,
 int8 weights, int8 KV and both.
 
+With `--agree FLOAT.json OTHER.json ...` (results of `bench/engine_throughput.py
+--keep-outputs`), instead: greedy agreement of each run with the first, token by token.
+
 Usage: .venv/bin/python bench/quantization.py [--rows 1,8,64,256] [--rounds 5] [--threads 1]
        .venv/bin/python bench/quantization.py --model
+       .venv/bin/python bench/quantization.py --agree float.json int8.json
 """
 
 from __future__ import annotations
@@ -98,6 +102,29 @@ def model_figures() -> dict:
     return figures
 
 
+def agreement(base: list[list[int]], other: list[list[int]]) -> dict[str, float]:
+    """Token-level agreement (same id at the same position of the same request), requests
+    wholly identical, and the median position of a request's first differing token."""
+    pairs = list(zip(base, other, strict=True))  # same workload: same lengths (ignore_eos)
+    same = sum(a == b for x, y in pairs for a, b in zip(x, y, strict=True))
+    firsts = sorted(next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b),
+                         len(x)) for x, y in pairs)
+    return {"token_agreement": same / sum(map(len, base)),
+            "identical_requests": sum(x == y for x, y in pairs),
+            "requests": len(base), "first_difference_median": firsts[len(firsts) // 2]}
+
+
+def compare_runs(paths: list[str]) -> None:
+    runs = [json.loads(Path(p).read_text())["results"][0] for p in paths]
+    base = runs[0]
+    for path, run in zip(paths, runs, strict=True):
+        a = agreement(base["outputs"], run["outputs"])
+        print(f"{path}: {run['output_tok_s']:.1f} tok/s (TPOT p50 {run['tpot_p50'] * 1e3:.0f} "
+              f"ms), tokens agreeing {a['token_agreement']:.3f}, identical requests "
+              f"{a['identical_requests']}/{a['requests']}, first difference at token "
+              f"{a['first_difference_median']} (median)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8,64,256")
@@ -110,7 +137,12 @@ def main() -> int:
                              "barrier stalls a busy 2-core machine adds to every call")
     parser.add_argument("--model", action="store_true",
                         help="SmolLM2's weight bytes, KV tokens per GiB and perplexities")
+    parser.add_argument("--agree", nargs="+", metavar="RESULTS_JSON",
+                        help="greedy agreement of engine_throughput runs with the first")
     args = parser.parse_args()
+    if args.agree:
+        compare_runs(args.agree)
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.model:
