@@ -102,6 +102,50 @@ def model_figures() -> dict:
     return figures
 
 
+SETTINGS = {"float32": {}, "int8 weights": {"quantization": "int8"},
+            "int8 KV": {"kv_cache_dtype": "int8"},
+            "both": {"quantization": "int8", "kv_cache_dtype": "int8"}}
+
+
+def decode_steps(rows: int, context: int, steps: int) -> dict[str, float]:
+    """Median seconds of one decode step (`rows` sequences at `context` tokens, logits
+    included) per setting, the settings' steps interleaved so that a busy machine's drift
+    hits all alike. The pool's contents do not change the work, so it is left as allocated."""
+    import statistics
+    import time
+
+    from workers import LLM
+    from workers.runner.attention import build_metadata
+
+    runners = {}
+    blocks = -(-(context + 1) // 16)
+    for name, settings in SETTINGS.items():
+        memory = rows * blocks * 16 * (12_240 if "kv_cache_dtype" in settings else 46_080)
+        runners[name] = LLM(None, kv_cache_memory=memory + (8 << 20), **settings).engine.runner
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    ids = torch.randint(3, 40_000, (rows,))
+    positions = torch.full((rows,), context)
+    for _ in range(steps + 1):  # the first round warms up
+        for name, runner in runners.items():
+            config = runner.model.config
+            seqs = [(context, 1, list(range(r * blocks, (r + 1) * blocks))) for r in range(rows)]
+            start = time.perf_counter()
+            with torch.inference_mode():
+                meta = build_metadata(
+                    seqs, runner.block_size, config.num_key_value_heads,
+                    config.num_attention_heads // config.num_key_value_heads, runner.device,
+                    runner.dtype, decode_kernel=None if runner.attention_backend == "torch"
+                    else runner.attention_backend, workspace=runner.workspace)
+                hidden = runner.model(ids, positions, runner.kv_caches, meta, runner.block_size)
+                runner.model.compute_logits(hidden)
+            times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(t[1:]) for name, t in times.items()}
+    for name, median in medians.items():
+        print(f"{name:14} step {median * 1e3:7.1f} ms  {rows / median:6.1f} tok/s  "
+              f"{medians['float32'] / median:4.2f}x float32", flush=True)
+    return medians
+
+
 def agreement(base: list[list[int]], other: list[list[int]]) -> dict[str, float]:
     """Token-level agreement (same id at the same position of the same request), requests
     wholly identical, and the median position of a request's first differing token."""
@@ -139,7 +183,15 @@ def main() -> int:
                         help="SmolLM2's weight bytes, KV tokens per GiB and perplexities")
     parser.add_argument("--agree", nargs="+", metavar="RESULTS_JSON",
                         help="greedy agreement of engine_throughput runs with the first")
+    parser.add_argument("--step", metavar="ROWSxCONTEXT",
+                        help="instead: one decode step of ROWS sequences at CONTEXT tokens "
+                             "per setting, interleaved (e.g. 64x384)")
+    parser.add_argument("--steps", type=int, default=15)
     args = parser.parse_args()
+    if args.step:
+        rows, context = (int(v) for v in args.step.split("x"))
+        decode_steps(rows, context, args.steps)
+        return 0
     if args.agree:
         compare_runs(args.agree)
         return 0
