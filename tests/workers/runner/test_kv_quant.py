@@ -135,3 +135,23 @@ def test_engine_on_an_int8_pool_same_tokens_from_the_kernel_and_the_torch_path(
         assert llm.engine.runner.kv_caches[0][0].dtype == torch.int8
         outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["cpu"] == outs["torch"]
+
+
+@pytest.mark.parametrize("head_dim", [64, 80, 24])  # whole 64-wide groups, a 16 tail, no AVX
+@pytest.mark.parametrize("plain", [False, True])
+def test_c_kernel_on_int8_equals_it_on_the_dequantized_pool(head_dim, plain):
+    """The kernel dequantizes a block as `dequantize_rows` does (one rounding), then runs the
+    float code: the same bits as the float kernel over the dequantized pool."""
+    from workers.runner import cpu_decode
+
+    gen = torch.Generator().manual_seed(head_dim)
+    blocks, heads, block = 40, 2, 8
+    k8, v8 = int8_pools(torch.randn(blocks, heads, block, head_dim, generator=gen),
+                        torch.randn(blocks, heads, block, head_dim, generator=gen))
+    q = torch.randn(5, heads * 3, head_dim, generator=gen)
+    tables = torch.randperm(blocks, generator=gen)[:35].view(5, 7).to(torch.int32).contiguous()
+    lens = torch.tensor([1, 8, 9, 30, 56], dtype=torch.int32)
+    got = cpu_decode.paged_decode(q, k8, v8, tables, lens, 0.125, block, plain=plain)
+    expected = cpu_decode.paged_decode(q, dequantized(k8), dequantized(v8), tables, lens, 0.125,
+                                       block, plain=plain)
+    assert torch.equal(got, expected)

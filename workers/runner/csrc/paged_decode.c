@@ -208,37 +208,19 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
 
 /* ---- int8 pool (kv_cache_dtype int8, workers/runner/kv_quant.py) --------------------------
  * A row is head_dim int8 values followed by its float32 scale (4 bytes), so a row is
- * dim + 4 bytes and x = q * scale. The scale factors out of both primitives: a score is
- * scale_k * (q . k_int8), and a value row enters the accumulator with weight p * scale_v.
- * Plain loops: the compiler widens int8 to float in vector registers (AVX2 or AVX-512). */
+ * dim + 4 bytes and x = q * scale. Each block's rows are dequantized once into a small float
+ * buffer (scales folded in), shared by every query head of the GQA group, and then the float
+ * primitives above run on it unchanged (AVX-512 ones included). */
 
-static inline float row_scale(const int8_t *row, int dim) {
-    float s;
-    memcpy(&s, row + dim, sizeof s);
-    return s;
-}
-
-static void scores_i8(const float *qg, const int8_t *kb, int n, int dim, float *s) {
+static void dequantize_block(const int8_t *src, int n, int dim, float *dst) {
     const int64_t stride = dim + 4;
     for (int t = 0; t < n; t++) {
-        const int8_t *kt = kb + (int64_t)t * stride;
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int d = 0; d < dim; d++) sum += qg[d] * (float)kt[d];
-        s[t] = sum * row_scale(kt, dim);
-    }
-}
-
-static void accumulate_i8(float *acc, const float *p, const int8_t *vb, int n, int dim,
-                          float correction) {
-    const int64_t stride = dim + 4;
+        const int8_t *row = src + (int64_t)t * stride;
+        float scale;
+        memcpy(&scale, row + dim, sizeof scale);
+        float *out = dst + (int64_t)t * dim;
 #pragma omp simd
-    for (int d = 0; d < dim; d++) acc[d] *= correction;
-    for (int t = 0; t < n; t++) {
-        const int8_t *vt = vb + (int64_t)t * stride;
-        const float w = p[t] * row_scale(vt, dim);
-#pragma omp simd
-        for (int d = 0; d < dim; d++) acc[d] += w * (float)vt[d];
+        for (int d = 0; d < dim; d++) out[d] = scale * (float)row[d];
     }
 }
 
@@ -252,11 +234,12 @@ static void prefetch_block_i8(const int8_t *k, const int8_t *v, int64_t base, in
 /* decode_task over an int8 pool; block_stride in bytes. */
 static void decode_task_i8(const float *q, const int8_t *k, const int8_t *v, float *out,
                            const int32_t *table, int len, int group, int dim, int block_size,
-                           int64_t block_stride, float scale) {
+                           int64_t block_stride, float scale, int wide) {
     float qs[MAX_GROUP][MAX_DIM];
     float acc[MAX_GROUP][MAX_DIM];
     float m[MAX_GROUP], l[MAX_GROUP];
     float s[MAX_BLOCK];
+    float kf[block_size * dim], vf[block_size * dim]; /* one block, dequantized */
     for (int g = 0; g < group; g++) {
         for (int d = 0; d < dim; d++) {
             qs[g][d] = q[g * dim + d] * scale;
@@ -267,19 +250,30 @@ static void decode_task_i8(const float *q, const int8_t *k, const int8_t *v, flo
     }
     for (int start = 0, b = 0; start < len; start += block_size, b++) {
         const int64_t base = (int64_t)table[b] * block_stride;
-        const int8_t *kb = k + base, *vb = v + base;
         const int n = len - start < block_size ? len - start : block_size;
         if (start + block_size < len)
             prefetch_block_i8(k, v, (int64_t)table[b + 1] * block_stride,
                               (int64_t)block_size * (dim + 4));
+        dequantize_block(k + base, n, dim, kf);
+        dequantize_block(v + base, n, dim, vf);
         for (int g = 0; g < group; g++) {
-            scores_i8(qs[g], kb, n, dim, s);
+#if defined(__AVX512F__)
+            if (wide)
+                scores_avx512(qs[g], kf, n, dim, s);
+            else
+#endif
+                scores_plain(qs[g], kf, n, dim, s);
             float mx = m[g];
             for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
             const float correction = expf(m[g] - mx);
             m[g] = mx;
             l[g] = l[g] * correction + exp_shifted(s, mx, n);
-            accumulate_i8(acc[g], s, vb, n, dim, correction);
+#if defined(__AVX512F__)
+            if (wide)
+                accumulate_avx512(acc[g], s, vf, n, dim, correction);
+            else
+#endif
+                accumulate_plain(acc[g], s, vf, n, dim, correction);
         }
     }
     for (int g = 0; g < group; g++) {
@@ -289,15 +283,15 @@ static void decode_task_i8(const float *q, const int8_t *k, const int8_t *v, flo
 }
 
 /* paged_decode_f32's contract over an int8 pool ([blocks, kv_heads, block_size, dim + 4]
- * bytes); q and out stay float32. `plain` is accepted for symmetry (one code path here). */
+ * bytes); q and out stay float32. */
 int paged_decode_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache, float *out,
                     const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
                     int num_kv_heads, int head_dim, int block_size, int table_stride,
                     int64_t q_token_stride, int64_t out_token_stride, float scale,
                     int num_threads, int plain) {
-    (void)plain;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
+    const int wide = !plain && head_dim % 16 == 0;
     const int64_t head_stride = (int64_t)block_size * (head_dim + 4);
     const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
     const int tasks = num_seqs * num_kv_heads;
@@ -308,7 +302,7 @@ int paged_decode_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache
         const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
         decode_task_i8(q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
                        out + o_off, tables + (int64_t)seq * table_stride, lens[seq], group,
-                       head_dim, block_size, block_stride, scale);
+                       head_dim, block_size, block_stride, scale, wide);
     }
     return 0;
 }
