@@ -4,12 +4,13 @@ float scale per output channel (symmetric, `w ~ q * scale[:, None]`), a quarter 
 The scale factors out of the dot product, `x @ (q * s).T == (x @ q.T) * s`, so a matmul casts
 int8 to the activation dtype and scales the output columns afterwards. Measured on a 2-core
 AVX2 EPYC (`bench/quantization.py`, docs/benchmarks.md): PyTorch's fused
-`_weight_int8pack_mm` is 4-25x slower than oneDNN's float32 matmul at 1-8 rows and worse
+`_weight_int8pack_mm` is 3-50x slower than oneDNN's float32 matmul at 1-8 rows and worse
 beyond (it walks the weight once per row), oneDNN's int8 `qlinear` needs quantized
 activations (not weight-only) and this torch has no torchao. So the kernel here casts the
-weight tile by tile into a small float buffer that stays in cache and hands each tile to the
-runner's float matmul (oneDNN on CPU, cuBLAS on CUDA): the weight streams from memory as
-int8, and every tile's cast is shared by all the rows of the step.
+weight (whole, or in equal tiles of at most `CPU_TILE_BYTES`) into one reused float buffer
+and hands it to the runner's float matmul (oneDNN on CPU, cuBLAS on CUDA): the weight is
+stored and streamed as int8, and each cast is shared by all the rows of the step. The cast
+is extra work: it costs where a step is compute-bound and a fused int8 kernel is the fix.
 
 The tied LM head is quantized with the embedding: the head's per-output-channel scales are
 the embedding's per-row scales, so one int8 table serves token lookups and logits.
@@ -26,10 +27,11 @@ from torch import nn
 from workers.runner.linear import Linear, LinearKernel, linear_kernel
 
 QUANTIZATIONS = ("none", "int8")
-# Bytes of float weight one tile casts into on CPU: fastest of 0.5-4 MiB at 1 and 64 rows on
-# SmolLM2's shapes (bench/quantization.py). CUDA casts the whole weight at once (a cast there
-# is a bandwidth-bound kernel, not a cache question).
-CPU_TILE_BYTES = 2 << 20
+# The most bytes of float weight one cast writes on CPU. SmolLM2's layer projections (1-7 MiB
+# in float32) are cast whole, which beat 2 MiB tiles by 10-35% at 8-64 rows; the 113 MiB LM
+# head goes in equal tiles, which beat one whole cast 2-5x (bench/quantization.py). CUDA casts
+# the whole weight at once (a bandwidth-bound kernel there, not a cache question).
+CPU_TILE_BYTES = 8 << 20
 
 _scratch = threading.local()  # one CPU tile buffer per thread: no fresh pages per call
 
@@ -58,8 +60,10 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     if x.device.type != "cpu":
         out = matmul(x, qweight.to(x.dtype), None)
     else:
-        tile = max(64, CPU_TILE_BYTES // (in_features * x.element_size()))
-        buf = _tile_buffer(min(tile, out_features) * in_features, x.dtype)
+        most = max(64, CPU_TILE_BYTES // (in_features * x.element_size()))
+        tiles = -(-out_features // most)
+        tile = -(-out_features // tiles)  # equal tiles: no sliver of a last one
+        buf = _tile_buffer(tile * in_features, x.dtype)
         parts = []
         for start in range(0, out_features, tile):
             part = qweight[start : start + tile]
@@ -74,9 +78,12 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
 
 
 def _tile_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Made outside inference mode, so calls under it and calls outside it may both write
+    into it (an inference tensor refuses in-place writes outside inference mode)."""
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.numel() < numel or buf.dtype != dtype:
-        buf = _scratch.buf = torch.empty(numel, dtype=dtype)
+        with torch.inference_mode(False):
+            buf = _scratch.buf = torch.empty(numel, dtype=dtype)
     return buf
 
 
