@@ -1,0 +1,18 @@
+"""Settings that are checked when the gateway starts, not when first used."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+
+
+def test_embedded_speculative_is_read_from_json_and_checked(monkeypatch):
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_SPECULATIVE", '{"method": "ngram", "num_tokens": 3}')
+    assert Settings().embedded_speculative == {"method": "ngram", "num_tokens": 3}
+    for bad in ('{"method": "medusa"}', '{"method": "ngram", "k": 3}',
+                '{"method": "draft"}', '{"num_tokens": 99}'):
+        monkeypatch.setenv("SWITCHBOARD_EMBEDDED_SPECULATIVE", bad)
+        with pytest.raises(ValidationError, match="embedded_speculative"):
+            Settings()
