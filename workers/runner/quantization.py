@@ -4,7 +4,7 @@ float scale per output channel (symmetric, `w ~ q * scale[:, None]`), a quarter 
 The scale factors out of the dot product, `x @ (q * s).T == (x @ q.T) * s`, so a matmul casts
 int8 to the activation dtype and scales the output columns afterwards. Measured on a 2-core
 AVX2 EPYC (`bench/quantization.py`, docs/benchmarks.md): PyTorch's fused
-`_weight_int8pack_mm` is 3-50x slower than oneDNN's float32 matmul at 1-8 rows and worse
+`_weight_int8pack_mm` is 4-50x slower than oneDNN's float32 matmul at 1-8 rows and worse
 beyond (it walks the weight once per row), oneDNN's int8 `qlinear` needs quantized
 activations (not weight-only) and this torch has no torchao. So the kernel here casts the
 weight (whole, or in equal tiles of at most `CPU_TILE_BYTES`) into one reused float buffer
@@ -28,8 +28,8 @@ from workers.runner.linear import Linear, LinearKernel, linear_kernel
 
 QUANTIZATIONS = ("none", "int8")
 # The most bytes of float weight one cast writes on CPU. SmolLM2's layer projections (1-7 MiB
-# in float32) are cast whole, which beat 2 MiB tiles by 10-35% at 8-64 rows; the 113 MiB LM
-# head goes in equal tiles, which beat one whole cast 2-5x (bench/quantization.py). CUDA casts
+# in float32) are cast whole, which beat 2 MiB tiles 1.15-1.7x at 8-64 rows; the 113 MiB LM
+# head goes in equal tiles, which beat one whole cast 1.3-5.4x (bench/quantization.py). CUDA casts
 # the whole weight at once (a bandwidth-bound kernel there, not a cache question).
 CPU_TILE_BYTES = 8 << 20
 
