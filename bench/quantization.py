@@ -107,7 +107,8 @@ SETTINGS = {"float32": {}, "int8 weights": {"quantization": "int8"},
             "both": {"quantization": "int8", "kv_cache_dtype": "int8"}}
 
 
-def decode_steps(rows: int, context: int, steps: int) -> dict[str, float]:
+def decode_steps(rows: int, context: int, steps: int,
+                 model: str | None = None) -> dict[str, float]:
     """Median seconds of one decode step (`rows` sequences at `context` tokens, logits
     included) per setting, the settings' steps interleaved so that a busy machine's drift
     hits all alike. The pool's contents do not change the work, so it is left as allocated."""
@@ -121,7 +122,7 @@ def decode_steps(rows: int, context: int, steps: int) -> dict[str, float]:
     blocks = -(-(context + 1) // 16)
     for name, settings in SETTINGS.items():
         memory = rows * blocks * 16 * (12_240 if "kv_cache_dtype" in settings else 46_080)
-        runners[name] = LLM(None, kv_cache_memory=memory + (8 << 20), **settings).engine.runner
+        runners[name] = LLM(model, kv_cache_memory=memory + (8 << 20), **settings).engine.runner
     times: dict[str, list[float]] = {name: [] for name in runners}
     ids = torch.randint(3, 40_000, (rows,))
     positions = torch.full((rows,), context)
@@ -187,10 +188,13 @@ def main() -> int:
                         help="instead: one decode step of ROWS sequences at CONTEXT tokens "
                              "per setting, interleaved (e.g. 64x384)")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--model-path", default=None,
+                        help="--step on this model folder instead of the bundled SmolLM2 "
+                             "(e.g. random weights of its shape: the work does not depend on them)")
     args = parser.parse_args()
     if args.step:
         rows, context = (int(v) for v in args.step.split("x"))
-        decode_steps(rows, context, args.steps)
+        decode_steps(rows, context, args.steps, args.model_path)
         return 0
     if args.agree:
         compare_runs(args.agree)
