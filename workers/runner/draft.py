@@ -61,11 +61,6 @@ class DraftProposer:
         if seq_id in self.computed:
             self.computed[seq_id] = min(self.computed[seq_id], start_pos + 1 + num_kept)
 
-    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        for k_cache, v_cache in self.kv_caches:
-            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
-            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
-
     def propose(self, chunks: list[ScheduledChunk], rows: list[SamplingRow]
                 ) -> list[Proposal]:
         """`chunk.num_draft_slots` proposals for each chunk (its slots are allocated: the

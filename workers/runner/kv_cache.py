@@ -73,3 +73,11 @@ def allocate(
         num_blocks * spec.bytes_per_block / 2**20,
     )
     return caches
+
+
+def copy_blocks(caches: list[tuple[torch.Tensor, torch.Tensor]], src: torch.Tensor,
+                dst: torch.Tensor) -> None:
+    """Copy-on-write: blocks `src` into blocks `dst` (device index tensors), every layer."""
+    for k_cache, v_cache in caches:
+        k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
+        v_cache.index_copy_(0, dst, v_cache.index_select(0, src))

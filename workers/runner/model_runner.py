@@ -195,8 +195,8 @@ class ModelRunner:
         results: dict[int, SampleResult] = {}
         if plain:
             mask = self._token_mask(plain)  # CPU work, overlapping the device's (on CUDA)
-            rows_ = [self._sampling_row(c) for c in plain]
-            sampled = sample(logits[: len(plain)], rows_, self.eos_token_ids, mask)
+            plain_rows = [self._sampling_row(c) for c in plain]
+            sampled = sample(logits[: len(plain)], plain_rows, self.eos_token_ids, mask)
             results.update((c.seq_id, r) for c, r in zip(plain, sampled, strict=True))
         if spec:
             spec_rows = [SpecRow(self._sampling_row(c), c.draft_token_ids,
@@ -296,11 +296,9 @@ class ModelRunner:
     def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for k_cache, v_cache in self.kv_caches:
-            k_cache.index_copy_(0, dst, k_cache.index_select(0, src))
-            v_cache.index_copy_(0, dst, v_cache.index_select(0, src))
-        if self.draft is not None:
-            self.draft.copy_blocks(src, dst)
+        kv_cache.copy_blocks(self.kv_caches, src, dst)
+        if self.draft is not None:  # its pool shares the block ids
+            kv_cache.copy_blocks(self.draft.kv_caches, src, dst)
 
 
 def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions: int
