@@ -22,10 +22,21 @@ from billing.money import usd
 
 async def one_snapshot(session: AsyncSession) -> None:
     """Make the session's next reads one consistent view: a page or report built from several
-    summaries must not mix a usage batch half seen (PostgreSQL reads each statement afresh
-    under READ COMMITTED; SQLite's transaction is one snapshot already). Call it first."""
-    if session.bind.dialect.name == "postgresql":
+    summaries must not mix a usage batch half seen. Call it first, before the session reads.
+
+    PostgreSQL reads each statement afresh under READ COMMITTED, so the transaction asks for
+    REPEATABLE READ. Python's sqlite3 opens no transaction for a SELECT (each read is its own
+    snapshot), so on SQLite the read transaction is begun explicitly; WAL keeps its snapshot
+    until the session ends."""
+    dialect = session.bind.dialect.name
+    if dialect == "postgresql":
         await session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    elif dialect == "sqlite":
+        connection = await session.connection()
+        raw = await connection.get_raw_connection()
+        if not raw.driver_connection.in_transaction:
+            await connection.exec_driver_sql("BEGIN")
+
 
 # Grouping dimensions, by the name callers use.
 DIMENSIONS: dict[str, Any] = {

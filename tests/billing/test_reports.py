@@ -64,6 +64,23 @@ async def test_groups_and_totals_match_the_records(sessionmaker):
         assert (empty.rows, empty.totals) == ([], reports.Metrics())
 
 
+async def test_one_snapshot_keeps_a_batch_committed_between_two_summaries_out(sessionmaker):
+    """A report built from two summaries (by day, then by model) must not count a usage batch
+    in one and not the other, as a tenant's `/v1/usage` did when the meter wrote between them."""
+    records = make_records(20)
+    async with sessionmaker() as session:
+        await write(session, records[:10])
+    async with sessionmaker() as reader:
+        await reports.one_snapshot(reader)
+        by_day = await reports.summarize(reader, group_by=("day",))
+        async with sessionmaker() as writer:
+            await write(writer, records[10:])
+        by_model = await reports.summarize(reader, group_by=("model",))
+        assert by_day.totals.requests == by_model.totals.requests == 10
+    async with sessionmaker() as fresh:
+        assert (await reports.summarize(fresh, group_by=("model",))).totals.requests == 20
+
+
 def test_rates():
     m = reports.Metrics(requests=8, errors=1, cache_hits=3)
     assert (m.error_rate, m.cache_hit_rate) == (0.125, 0.375)
