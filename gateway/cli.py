@@ -121,6 +121,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
                                              "flash on CPU)")
     worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn", "onednn_packed"),
                         default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
+    worker.add_argument("--elementwise", choices=("auto", "torch", "cpu"), default="auto",
+                        help="residual add + RMSNorm, SiLU-and-multiply and RoPE (auto: the "
+                             "C kernels for float32 on CPU)")
     worker.add_argument("--quantization", choices=("none", "int8"), default="none",
                         help="weights: int8 keeps projections, embedding and LM head as int8 "
                              "with per-channel scales")
@@ -170,6 +173,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
         prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
+        elementwise=args.elementwise,
         quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
         speculative=args.speculative,
     )

@@ -34,6 +34,8 @@ class EngineArgs:
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
     # auto | torch | onednn | onednn_packed (weights blocked once at load); projections' GEMM
     linear_backend: str = "auto"
+    # auto | torch | cpu (C kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE)
+    elementwise: str = "auto"
     # none | int8: projections, embedding and LM head as int8 with per-channel scales
     # (workers/runner/quantization.py)
     quantization: str = "none"

@@ -152,6 +152,7 @@ class LLMEngine:
                 attention_backend=args.attention_backend,
                 prefill_attention=args.prefill_attention,
                 linear_backend=args.linear_backend,
+                elementwise=args.elementwise,
                 quantization=args.quantization,
                 kv_cache_dtype=args.kv_cache_dtype,
                 draft_model=resolve_model(draft) if draft else None,
@@ -161,9 +162,9 @@ class LLMEngine:
         )
         logger.info(
             "engine ready: %s on %s, %d KV tokens, max_model_len %d, %s attention (%s prefill), "
-            "%s linear", folder.name, device, runner.num_blocks * args.block_size,
+            "%s linear, %s element-wise", folder.name, device, runner.num_blocks * args.block_size,
             runner.max_model_len, runner.attention_backend, runner.prefill_attention,
-            runner.linear_backend,
+            runner.linear_backend, runner.model.elementwise,
         )
         return cls(
             args, tokenizer, runner, runner.max_model_len, runner.num_blocks, eos,

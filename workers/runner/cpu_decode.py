@@ -5,37 +5,24 @@ read twice and written once, and in float32 a decode step's KV is larger than th
 that traffic was about a third of a step. The kernel (`csrc/paged_decode.c`) walks the block
 table with an online softmax instead, reading each K/V byte once.
 
-It is plain C with a C ABI, built at first use with the system compiler (`cc -O3
--march=native -fopenmp`, under a second) and cached per source, flags and CPU in the user's
-cache directory; ctypes calls it with tensor pointers and releases the GIL meanwhile. OpenMP
-resolves to the runtime PyTorch has already loaded (same soname), so the two share threads.
+It is built at first use and called through ctypes with tensor pointers, releasing the GIL
+meanwhile (`cbuild`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
+from workers.runner import cbuild
+
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 # the C kernel's fixed limits (stack buffers)
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256
-
-
-def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> bool:
@@ -44,40 +31,13 @@ def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> bool
             and block_size <= MAX_BLOCK)
 
 
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "switchboard" / "kernels"
-
-
-def _cpu_signature() -> str:
-    """The CPU's feature flags: -march=native code is only valid on a CPU that has them."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 @functools.cache
 def load_library() -> ctypes.CDLL:
-    """Build the kernel once per source, flags and CPU, then load it.
+    """Build the kernel once per source, flags and CPU, then load it (`cbuild`).
 
-    Raises RuntimeError for anything that stops it: no compiler, a failed build, an unwritable
-    cache, a library that does not load (the runner then falls back to torch under `auto`)."""
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("the CPU decode kernel needs a C compiler (cc or gcc, or $CC)")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode())
-    target = cache_dir() / f"paged_decode-{key.hexdigest()[:16]}.so"
-    try:
-        if not target.exists():
-            _build(cc, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"building the CPU decode kernel failed: {exc}") from exc
+    Raises RuntimeError for anything that stops it (the runner then falls back to torch under
+    `auto`)."""
+    lib = cbuild.build_and_load("paged_decode", "CPU decode kernel")
     for fn in (lib.paged_decode_f32, lib.paged_decode_i8):
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
@@ -94,17 +54,6 @@ def available() -> bool:
         logger.warning("CPU decode kernel unavailable, using torch attention: %s", exc)
         return False
     return True
-
-
-def _build(cc: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                                capture_output=True, text=True, check=False, timeout=120)
-        if result.returncode != 0:
-            raise RuntimeError(f"building the CPU decode kernel failed:\n{result.stderr}")
-        os.replace(built, target)  # atomic: concurrent builders race harmlessly
 
 
 def paged_decode(

@@ -3,6 +3,10 @@
 RMSNorm, RoPE (with scaling), grouped-query attention, SwiGLU, tied or separate LM head.
 q/k/v and gate/up are fused into one matmul each at load time. When a step carries LoRA rows,
 each projection adds its rows' adapter deltas (`LoRABatch`) right after the base matmul.
+
+Layers pass the residual stream beside their output, so the residual add and the next RMSNorm
+are one step; with `elementwise="cpu"` that step, SiLU-and-multiply and RoPE are each one pass
+of a C kernel (`cpu_fused`), otherwise PyTorch's ops.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.runner import cpu_fused
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
 from workers.runner.linear import Linear, LinearKernel, pack_weight
 from workers.runner.lora import LoRABatch
 from workers.runner.rope import RotaryEmbedding, apply_rotary
 
-Rope = tuple[torch.Tensor, torch.Tensor]
+# A step's rotary inputs: with PyTorch's ops, the cos/sin rows of its positions
+# ([tokens, 1, dim / 2] each); with the C kernel, the positions and the whole tables.
+Rope = tuple[torch.Tensor, ...]
 
 
 class RMSNorm(nn.Module):
@@ -26,12 +33,23 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
+
+    def add_norm(self, x: torch.Tensor | None, residual: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x); x None adds nothing. The C kernel updates
+        `residual` in place, so the caller must own it."""
+        if self.fused:
+            return cpu_fused.add_rms_norm(x, residual, self.weight, self.eps), residual
+        if x is not None:
+            residual = residual + x
+        return self(residual), residual
 
 
 class Attention(nn.Module):
@@ -49,6 +67,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=bias)
         self.scale = self.head_dim**-0.5
+        self.fused = False
 
     def forward(
         self, rope: Rope, x: torch.Tensor,
@@ -59,11 +78,14 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if lora is not None:
             lora.apply(qkv, x, self.layer_idx, "qkv_proj")
+        if self.fused:  # q and k lead each row: rotate them where they lie
+            cpu_fused.rope_(qkv, *rope, self.num_heads + self.num_kv_heads, self.head_dim)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        if not self.fused:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.write_rows)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, block_size)
@@ -84,13 +106,17 @@ class MLP(nn.Module):
         self.down_proj = Linear(self.intermediate, config.hidden_size, bias=bias)
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {config.hidden_act!r}")
+        self.fused = False
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if lora is not None:
             lora.apply(gate_up, x, self.layer_idx, "gate_up_proj")
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        hidden = F.silu(gate) * up
+        if self.fused:
+            hidden = cpu_fused.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            hidden = F.silu(gate) * up
         out = self.down_proj(hidden)
         if lora is not None:
             lora.apply(out, hidden, self.layer_idx, "down_proj")
@@ -106,12 +132,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, layer_idx)
 
     def forward(
-        self, rope: Rope, x: torch.Tensor,
+        self, rope: Rope, x: torch.Tensor | None, residual: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, block_size: int,
         lora: LoRABatch | None,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta, block_size, lora)
-        return x + self.mlp(self.post_attention_layernorm(x), lora)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output, still to be added to the residual stream (None
+        before the first layer, whose residual is the embedding). Returns the same pair."""
+        h, residual = self.input_layernorm.add_norm(x, residual)
+        h = self.self_attn(rope, h, kv_cache, meta, block_size, lora)
+        h, residual = self.post_attention_layernorm.add_norm(h, residual)
+        return self.mlp(h, lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -130,6 +160,7 @@ class LlamaModel(nn.Module):
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.linear_kernel: LinearKernel = F.linear
+        self.elementwise = "torch"
 
     def use_linear_kernel(self, kernel: LinearKernel) -> None:
         """Route every projection, the LM head included, through `kernel`."""
@@ -137,6 +168,14 @@ class LlamaModel(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.kernel = kernel
+
+    def use_elementwise(self, name: str) -> None:
+        """`cpu`: RMSNorm with the residual add, SiLU-and-multiply and RoPE through the C
+        kernels (`cpu_fused.pick_elementwise` decides where they run); `torch`: PyTorch's."""
+        self.elementwise = name
+        for module in self.modules():
+            if isinstance(module, RMSNorm | Attention | MLP):
+                module.fused = name == "cpu"
 
     def pack_linears(self) -> None:
         """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
@@ -151,11 +190,15 @@ class LlamaModel(nn.Module):
         block_size: int, lora: LoRABatch | None = None,
     ) -> torch.Tensor:
         """Final hidden states for every token of the flattened batch."""
-        x = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions)
+        residual = self.embed_tokens(input_ids)
+        if self.elementwise == "cpu":
+            rope: Rope = (positions, self.rotary.cos, self.rotary.sin)
+        else:
+            rope = self.rotary.tables(positions)
+        x = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(rope, x, kv_cache, meta, block_size, lora)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual, kv_cache, meta, block_size, lora)
+        return self.norm.add_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """A tied head reads the embedding, unless quantization gave it its own module

@@ -24,6 +24,7 @@ from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, lo
 from workers.runner import kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
+from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
 from workers.runner.linear import linear_kernel, pick_linear_backend
@@ -59,6 +60,7 @@ class RunnerConfig:
     attention_backend: str = "auto"
     linear_backend: str = "auto"
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
+    elementwise: str = "auto"  # auto | torch | cpu (workers/runner/cpu_fused.py)
     draft_model: Path | None = None  # speculative decoding's draft (same vocabulary)
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
@@ -315,6 +317,7 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
     if linear_backend == "onednn_packed":
         model.pack_linears()
+    model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))
     return model, linear_backend
 
 

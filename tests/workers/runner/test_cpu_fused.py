@@ -1,0 +1,107 @@
+"""The C element-wise kernels against PyTorch's ops, and where the engine uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workers import LLM, SamplingParams
+from workers.runner import cpu_fused
+from workers.runner.model import RMSNorm
+from workers.runner.rope import apply_rotary
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache, and no library loaded by an earlier test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_fused.load_library.cache_clear()
+    yield tmp_path / "switchboard" / "kernels"
+    cpu_fused.load_library.cache_clear()
+
+
+@pytest.mark.parametrize("rows, n", [(1, 1536), (7, 37), (64, 256), (300, 96)])
+def test_silu_mul_matches_torch(rows, n):
+    gen = torch.Generator().manual_seed(rows * n)
+    gate_up = torch.randn(rows, 2 * n, generator=gen) * 6  # saturating both ways
+    gate, up = gate_up.split(n, dim=-1)
+    torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up,
+                               rtol=2e-6, atol=1e-6)
+
+
+def test_silu_mul_reads_strided_rows():
+    wide = torch.randn(5, 100)
+    gate_up = wide[:, :80]  # row stride 100, not 80
+    torch.testing.assert_close(cpu_fused.silu_mul(gate_up),
+                               F.silu(gate_up[:, :40]) * gate_up[:, 40:], rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 129])
+def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows):
+    norm = RMSNorm(96, 1e-5)
+    norm.weight.data = torch.randn(96)
+    x, residual = torch.randn(rows, 96), torch.randn(rows, 96) * 3
+    want_residual = residual + x
+    want = norm(want_residual)
+    got = cpu_fused.add_rms_norm(x, residual, norm.weight, norm.eps)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(residual, want_residual)  # in place, exactly the sum
+    alone = residual.clone()
+    torch.testing.assert_close(cpu_fused.add_rms_norm(None, alone, norm.weight, norm.eps),
+                               norm(want_residual), rtol=1e-5, atol=1e-6)
+    assert torch.equal(alone, residual)  # nothing added
+
+
+def test_rope_rotates_q_and_k_in_place_and_leaves_v():
+    heads, kv_heads, dim, tokens = 4, 2, 32, 6
+    cos_table = torch.randn(50, dim // 2)
+    sin_table = torch.randn(50, dim // 2)
+    positions = torch.tensor([7, 0, 49, 3, 3, 20])
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim)
+    before = qkv.clone()
+    cpu_fused.rope_(qkv, positions, cos_table, sin_table, heads + kv_heads, dim)
+    cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+    q, k, v = before.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    want_q = apply_rotary(q.reshape(tokens, heads, dim), cos, sin).reshape(tokens, -1)
+    want_k = apply_rotary(k.reshape(tokens, kv_heads, dim), cos, sin).reshape(tokens, -1)
+    torch.testing.assert_close(qkv[:, : heads * dim], want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(qkv[:, heads * dim: (heads + kv_heads) * dim], want_k,
+                               rtol=1e-6, atol=1e-6)
+    assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)
+
+
+def test_auto_picks_the_kernels_for_float32_on_cpu_only():
+    cpu = torch.device("cpu")
+    assert cpu_fused.pick_elementwise("auto", cpu, torch.float32) == "cpu"
+    assert cpu_fused.pick_elementwise("auto", cpu, torch.bfloat16) == "torch"
+    assert cpu_fused.pick_elementwise("auto", torch.device("cuda"), torch.float32) == "torch"
+    assert cpu_fused.pick_elementwise("torch", cpu, torch.float32) == "torch"
+    with pytest.raises(ValueError, match="needs a CPU device and float32"):
+        cpu_fused.pick_elementwise("cpu", cpu, torch.bfloat16)
+    with pytest.raises(ValueError, match="elementwise must be one of"):
+        cpu_fused.pick_elementwise("fast", cpu, torch.float32)
+
+
+def test_a_failed_build_falls_back_under_auto_and_is_an_error_when_asked_for(
+        fresh_build, monkeypatch, tiny_llama_path):
+    monkeypatch.setenv("CC", "false")
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=1 << 20, device="cpu", dtype="float32")
+    assert llm.engine.runner.model.elementwise == "torch"
+    with pytest.raises(ValueError, match="building the CPU element-wise kernels failed"):
+        LLM(str(tiny_llama_path), kv_cache_memory=1 << 20, device="cpu", dtype="float32",
+            elementwise="cpu")
+    assert not list(fresh_build.glob("*.so"))
+
+
+def test_the_engine_gives_the_same_tokens_with_either(tiny_llama_path):
+    """Greedy tokens over prompts long enough to prefill in chunks beside decodes."""
+    prompts = [[(7 * i + j) % 250 + 3 for j in range(n)] for i, n in enumerate((5, 40, 130))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for name in ("torch", "cpu"):
+        llm = LLM(str(tiny_llama_path), kv_cache_memory=1 << 22, device="cpu",
+                  dtype="float32", elementwise=name, max_num_batched_tokens=64)
+        assert llm.engine.runner.model.elementwise == name
+        outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert outs["cpu"] == outs["torch"]

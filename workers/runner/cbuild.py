@@ -1,0 +1,71 @@
+"""Build the C kernels in `csrc/` at first use and load them with ctypes.
+
+Each kernel is plain C with a C ABI, compiled with the system compiler (`cc -O3 -march=native
+-fopenmp`, under a second) and cached per source (headers included), flags and CPU in the
+user's cache directory. OpenMP resolves to the runtime PyTorch has already loaded (same
+soname), so the kernels and PyTorch share threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+CSRC = Path(__file__).with_name("csrc")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "switchboard" / "kernels"
+
+
+def cpu_signature() -> str:
+    """The CPU's feature flags: -march=native code is only valid on a CPU that has them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def build_and_load(name: str, what: str) -> ctypes.CDLL:
+    """`csrc/<name>.c` as a loaded library, built unless this source, these flags and this
+    CPU already have one. Raises RuntimeError naming `what` for anything that stops it: no
+    compiler, a failed build, an unwritable cache, a library that does not load."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError(f"the {what} needs a C compiler (cc or gcc, or $CC)")
+    digest = hashlib.sha256(" ".join(FLAGS).encode() + cpu_signature().encode())
+    for source in (CSRC / f"{name}.c", *sorted(CSRC.glob("*.h"))):
+        digest.update(source.read_bytes())
+    target = cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
+    try:
+        if not target.exists():
+            _build(cc, CSRC / f"{name}.c", target, what)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"building the {what} failed: {exc}") from exc
+
+
+def _build(cc: str, source: Path, target: Path, what: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([cc, *FLAGS, f"-I{CSRC}", str(source), "-o", str(built), "-lm"],
+                                capture_output=True, text=True, check=False, timeout=120)
+        if result.returncode != 0:
+            raise RuntimeError(f"building the {what} failed:\n{result.stderr}")
+        os.replace(built, target)  # atomic: concurrent builders race harmlessly
