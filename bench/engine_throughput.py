@@ -50,6 +50,17 @@ ONLINE_SYSTEMS = ("engine", "hf_batch", "vllm_cpu")
 HF_PAGE_SIZE = 256  # transformers' default ContinuousBatchingConfig.page_size
 HEAD_TOKENS = 16  # output tokens per request kept to compare greedy outputs across systems
 STANDARD = {"num_requests": 64, "max_prompt": 512, "max_output": 256, "seed": 0}
+# The three workloads of issue 23 (--workload): request count, prompt and output length ranges.
+WORKLOADS: dict[str, dict[str, int]] = {
+    "standard": {"num_requests": 64, "min_prompt": 16, "max_prompt": 512, "min_output": 16,
+                 "max_output": 256},
+    # prefill-heavier: longer prompts, shorter answers
+    "prefill": {"num_requests": 64, "min_prompt": 128, "max_prompt": 700, "min_output": 24,
+                "max_output": 192},
+    # long prompts (RAG, agents): prompt plus output within SmolLM2's 8,192-token context
+    "long": {"num_requests": 16, "min_prompt": 2048, "max_prompt": 8000, "min_output": 16,
+             "max_output": 64},
+}
 
 # Llama-3.2-1B's shape with SmolLM2's vocabulary, so SmolLM2's tokenizer can drive it.
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
@@ -939,7 +950,7 @@ def parent_main(args: argparse.Namespace) -> int:
     args.model_path = str(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     wl = build_workload(tokenizer, args.num_requests, args.max_prompt, args.max_output, args.seed,
-                        args.rate)
+                        args.rate, min_prompt=args.min_prompt, min_output=args.min_output)
     per_token = kv_bytes_per_token(path, args.dtype)
     if args.kv_cache_mib:
         args.kv_cache_bytes = int(args.kv_cache_mib * 2**20)
@@ -975,12 +986,15 @@ def parent_main(args: argparse.Namespace) -> int:
     gpu = next((r["device_name"] for r in results if r.get("device_name")), None)
     if gpu:
         machine["gpu"] = gpu
-    standard = all(getattr(args, k) == v for k, v in STANDARD.items())
+    preset = WORKLOADS[args.workload]
+    standard = args.seed == STANDARD["seed"] and all(getattr(args, k) == v
+                                                     for k, v in preset.items())
     report = {
         "benchmark": "engine_throughput",
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "standard_workload": standard,
+        "workload_name": args.workload,
         "machine": machine,
         "model": args.model_config,
         "model_path": args.model_path,
@@ -1028,6 +1042,8 @@ def default_results_path(args: argparse.Namespace, standard: bool) -> Path:
     name = "engine_throughput-" + ("cuda" if args.device.startswith("cuda") else "cpu")
     if args.model_config != "smollm2":
         name += f"-{args.model_config}"
+    if args.workload != "standard":
+        name += f"-{args.workload}"
     if "vllm_cpu" in parse_systems(args.systems):
         name += "-vllm_cpu"
     if not standard:
@@ -1039,11 +1055,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """CLI; the hidden flags are how the parent hands settings to its children."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     d = "(default %(default)s)"
-    p.add_argument("--num-requests", type=int, default=STANDARD["num_requests"], help=d)
-    p.add_argument("--max-prompt", type=int, default=STANDARD["max_prompt"],
-                   help=f"prompt lengths spread over [16, this] tokens, templated {d}")
-    p.add_argument("--max-output", type=int, default=STANDARD["max_output"],
-                   help=f"max_tokens spread over [16, this] {d}")
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="standard",
+                   help="standard (64 requests, prompts 16-512, outputs 16-256), prefill "
+                        "(64, prompts 128-700, outputs 24-192) or long (16, prompts "
+                        f"2,048-8,000, outputs 16-64); the flags below override it {d}")
+    p.add_argument("--num-requests", type=int, default=None, help="requests (the workload's)")
+    p.add_argument("--min-prompt", type=int, default=None,
+                   help="prompt lengths spread over [min, max] tokens, templated")
+    p.add_argument("--max-prompt", type=int, default=None)
+    p.add_argument("--min-output", type=int, default=None,
+                   help="max_tokens spread over [min, max]")
+    p.add_argument("--max-output", type=int, default=None)
     p.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                    help=f"comma-separated, from {', '.join(SYSTEMS)} {d}")
     p.add_argument("--mode", choices=("offline", "online", "both"), default="both", help=d)
@@ -1093,6 +1115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-bytes", type=int, help=hidden)
     p.add_argument("--copy-bandwidth", type=float, default=None, help=hidden)
     args = p.parse_args(argv)
+    for key, value in WORKLOADS[args.workload].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     if args.device is None:
         args.device = _auto_device()
     if args.dtype is None:

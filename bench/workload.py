@@ -127,14 +127,18 @@ def build_workload(
     max_output: int,
     seed: int,
     rate: float,
+    *,
+    min_prompt: int = 16,
+    min_output: int = 16,
 ) -> Workload:
-    """Seeded requests: prompts over [16, max_prompt] tokens, outputs over [16, max_output].
+    """Seeded requests: prompts over [min_prompt, max_prompt] tokens, outputs over
+    [min_output, max_output].
 
     Arrival offsets follow a Poisson process at `rate` req/s (exponential gaps), drawn from the
     same seed so online runs are repeatable too.
     """
     rng = random.Random(seed)
-    lo_p, lo_o = min(16, max_prompt), min(16, max_output)
+    lo_p, lo_o = min(min_prompt, max_prompt), min(min_output, max_output)
     requests: list[Request] = []
     t = 0.0
     for _ in range(num_requests):

@@ -56,9 +56,13 @@ def onednn_runs(dtype: torch.dtype) -> bool:
     return bool(torch.all(out == 16).item())
 
 
-def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> str:
+def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
+                        quantized: bool = False) -> str:
     """`auto` is oneDNN on CPU for float32/bfloat16 where this build and this CPU run it
-    (`onednn_runs`), else torch.
+    (`onednn_runs`), else torch; float weights in float32 are blocked once at load
+    (`onednn_packed`: 1.3x faster decode steps at 8 rows, 3-5% more standard-workload tok/s
+    on an AVX-512 EPYC, no loss measured on an AVX2 one). Int8 weights (`quantized`) stay
+    dense: they are cast per call.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.
     """
@@ -68,7 +72,9 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype) -> 
         return "torch"
     fits = device.type == "cpu" and dtype in _ONEDNN_DTYPES and onednn_available()
     if name == "auto":
-        return "onednn" if fits and onednn_runs(dtype) else "torch"
+        if not (fits and onednn_runs(dtype)):
+            return "torch"
+        return "onednn_packed" if dtype == torch.float32 and not quantized else "onednn"
     if not fits:
         raise ValueError(f"linear_backend {name!r} needs a CPU device, float32 or bfloat16, "
                          "and a PyTorch built with oneDNN")

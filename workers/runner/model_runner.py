@@ -312,7 +312,8 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     model.requires_grad_(False)
     load_weights(model, path)
     model.eval()
-    linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype)
+    linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,
+                                         quantized=config.quantization != "none")
     model.use_linear_kernel(linear_kernel(linear_backend))
     quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
     if linear_backend == "onednn_packed":

@@ -123,3 +123,19 @@ def test_an_unwritable_cache_or_a_missing_compiler_is_a_clear_error(fresh_build,
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     with pytest.raises(RuntimeError, match="No such file"):
         cpu_decode.load_library()
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(80, 5), (40, 40), (9, 3)])
+def test_tasks_split_a_sequence_heads_where_the_buffers_end(num_heads, num_kv_heads):
+    """A task holds up to 32 query rows: a group of 16 takes two KV heads per task (the last
+    task of a sequence one), groups of one take 32 then 8; SmolLM2's 9/3 takes all three."""
+    g = torch.Generator().manual_seed(num_heads)
+    block_size, num_blocks, head_dim = 4, 24, 16
+    k_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=g)
+    v_cache = torch.randn(num_blocks, num_kv_heads, block_size, head_dim, generator=g)
+    lens = torch.tensor([3, 9, 20], dtype=torch.int32)
+    tables = torch.randperm(num_blocks, generator=g)[:15].view(3, 5).to(torch.int32).contiguous()
+    q = torch.randn(3, num_heads, head_dim, generator=g)
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, 0.25, block_size)
+    ref = dense_reference(q, k_cache, v_cache, tables, lens, 0.25, block_size)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

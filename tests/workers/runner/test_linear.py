@@ -69,8 +69,10 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
 
 
 def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
-    expected = "onednn" if onednn_available() else "torch"
+    expected = "onednn_packed" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
+    dense = "onednn" if onednn_available() else "torch"
+    assert pick_linear_backend("auto", CPU, torch.float32, quantized=True) == dense
     expected_bf16 = "onednn" if onednn_runs(torch.bfloat16) else "torch"
     assert pick_linear_backend("auto", CPU, torch.bfloat16) == expected_bf16
     assert pick_linear_backend("auto", CPU, torch.float64) == "torch"
@@ -105,7 +107,7 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
     linear.onednn_runs.cache_clear()
     try:
         assert pick_linear_backend("auto", CPU, torch.bfloat16) == "torch"
-        assert pick_linear_backend("auto", CPU, torch.float32) == "onednn"
+        assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
         with pytest.raises(ValueError, match=r"cannot run torch\.bfloat16 on this CPU"):
             pick_linear_backend("onednn", CPU, torch.bfloat16)
     finally:

@@ -1,9 +1,9 @@
 /* Decode attention for CPU that reads K/V straight from the paged pool.
  *
  * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32. One task
- * serves one (sequence, KV head): it walks the sequence's block table and keeps an online
- * softmax for every query head of that KV head's GQA group, so each K/V byte is read once and
- * nothing is gathered. While a block is computed, the next one (anywhere in the pool) is
+ * serves one sequence's KV heads (as many as its buffers hold): it walks the sequence's block
+ * table and keeps an online softmax for every query head of those KV heads' GQA groups, so
+ * each K/V byte is read once and nothing is gathered. While a block is computed, the next one (anywhere in the pool) is
  * prefetched. Tasks are spread over OpenMP threads.
  *
  * Per block and query row, two primitives: the row's scores against the block's keys, and
@@ -26,6 +26,7 @@
 #define MAX_GROUP 16
 #define MAX_DIM 256
 #define MAX_BLOCK 256
+#define MAX_ROWS 32 /* query rows one float32 task holds: >= MAX_GROUP */
 
 /* s[t] = exp(s[t] - shift); returns the sum. */
 static float exp_shifted(float *s, float shift, int n) {
@@ -107,57 +108,63 @@ static void accumulate_avx512(float *acc, const float *p, const float *vb, int n
 
 static void prefetch_block(const float *k, const float *v, int64_t base, int64_t floats) {
     for (int64_t off = 0; off < floats; off += 16) { /* one 64-byte line per call */
-        __builtin_prefetch(k + base + off);
-        __builtin_prefetch(v + base + off);
+        __builtin_prefetch(k + base + off, 0, 1);
+        __builtin_prefetch(v + base + off, 0, 1);
     }
 }
 
-/* q: the group's query rows (row stride dim); k, v: the pool offset to this KV head;
- * out: the group's output rows (row stride dim). */
+/* One task: `heads` consecutive KV heads of one sequence and their query rows (`group` per
+ * KV head, consecutive in q and out, row stride dim); k, v: the pool offset to the first of
+ * those heads. A block's heads lie next to each other in the pool, so the task reads one
+ * contiguous run per block (heads x block_size x dim floats of K, the same of V), which the
+ * hardware prefetcher follows better than one head's 4 KB. */
 static void decode_task(const float *q, const float *k, const float *v, float *out,
-                        const int32_t *table, int len, int group, int dim, int block_size,
-                        int64_t block_stride, float scale, int wide) {
-    float qs[MAX_GROUP][MAX_DIM];
-    float acc[MAX_GROUP][MAX_DIM];
-    float m[MAX_GROUP], l[MAX_GROUP];
+                        const int32_t *table, int len, int heads, int group, int dim,
+                        int block_size, int64_t block_stride, float scale, int wide) {
+    float qs[MAX_ROWS][MAX_DIM];
+    float acc[MAX_ROWS][MAX_DIM];
+    float m[MAX_ROWS], l[MAX_ROWS];
     float s[MAX_BLOCK];
-    for (int g = 0; g < group; g++) {
+    const int rows = heads * group;
+    const int64_t head_stride = (int64_t)block_size * dim;
+    for (int r = 0; r < rows; r++) {
         for (int d = 0; d < dim; d++) {
-            qs[g][d] = q[g * dim + d] * scale;
-            acc[g][d] = 0.0f;
+            qs[r][d] = q[r * dim + d] * scale;
+            acc[r][d] = 0.0f;
         }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
     }
     for (int start = 0, b = 0; start < len; start += block_size, b++) {
         const int64_t base = (int64_t)table[b] * block_stride;
-        const float *kb = k + base, *vb = v + base;
         const int n = len - start < block_size ? len - start : block_size;
         if (start + block_size < len)
-            prefetch_block(k, v, (int64_t)table[b + 1] * block_stride, (int64_t)block_size * dim);
-        for (int g = 0; g < group; g++) {
+            prefetch_block(k, v, (int64_t)table[b + 1] * block_stride, heads * head_stride);
+        for (int r = 0; r < rows; r++) {
+            const float *kb = k + base + (r / group) * head_stride;
+            const float *vb = v + base + (r / group) * head_stride;
 #if defined(__AVX512F__)
             if (wide)
-                scores_avx512(qs[g], kb, n, dim, s);
+                scores_avx512(qs[r], kb, n, dim, s);
             else
 #endif
-                scores_plain(qs[g], kb, n, dim, s);
-            float mx = m[g];
+                scores_plain(qs[r], kb, n, dim, s);
+            float mx = m[r];
             for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-            const float correction = expf(m[g] - mx); /* 0 on the first block: m is -inf */
-            m[g] = mx;
-            l[g] = l[g] * correction + exp_shifted(s, mx, n);
+            const float correction = expf(m[r] - mx); /* 0 on the first block: m is -inf */
+            m[r] = mx;
+            l[r] = l[r] * correction + exp_shifted(s, mx, n);
 #if defined(__AVX512F__)
             if (wide)
-                accumulate_avx512(acc[g], s, vb, n, dim, correction);
+                accumulate_avx512(acc[r], s, vb, n, dim, correction);
             else
 #endif
-                accumulate_plain(acc[g], s, vb, n, dim, correction);
+                accumulate_plain(acc[r], s, vb, n, dim, correction);
         }
     }
-    for (int g = 0; g < group; g++) {
-        const float inv = 1.0f / l[g];
-        for (int d = 0; d < dim; d++) out[g * dim + d] = acc[g][d] * inv;
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < dim; d++) out[r * dim + d] = acc[r][d] * inv;
     }
 }
 
@@ -173,14 +180,18 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
     const int wide = !plain && head_dim % 16 == 0;
     const int64_t head_stride = (int64_t)block_size * head_dim;
     const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
-    const int tasks = num_seqs * num_kv_heads;
+    /* as many KV heads per task as the row buffers hold */
+    const int per_task = MAX_ROWS / group < num_kv_heads ? MAX_ROWS / group : num_kv_heads;
+    const int chunks = (num_kv_heads + per_task - 1) / per_task;
+    const int tasks = num_seqs * chunks;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int task = 0; task < tasks; task++) {
-        const int seq = task / num_kv_heads, h = task % num_kv_heads;
+        const int seq = task / chunks, h = (task % chunks) * per_task;
+        const int heads = num_kv_heads - h < per_task ? num_kv_heads - h : per_task;
         const int64_t q_off = seq * q_token_stride + (int64_t)h * group * head_dim;
         const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
         decode_task(q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
-                    out + o_off, tables + (int64_t)seq * table_stride, lens[seq], group,
+                    out + o_off, tables + (int64_t)seq * table_stride, lens[seq], heads, group,
                     head_dim, block_size, block_stride, scale, wide);
     }
     return 0;
@@ -206,8 +217,8 @@ static void dequantize_block(const int8_t *src, int n, int dim, float *dst) {
 
 static void prefetch_block_i8(const int8_t *k, const int8_t *v, int64_t base, int64_t bytes) {
     for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(k + base + off);
-        __builtin_prefetch(v + base + off);
+        __builtin_prefetch(k + base + off, 0, 1);
+        __builtin_prefetch(v + base + off, 0, 1);
     }
 }
 
