@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import datetime
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -218,6 +219,7 @@ def summarize(stats: list[RequestStat], wall: float) -> dict[str, Any]:
         "tpot_p99": percentile(tpots, 99),
         "latency_p50": percentile(lats, 50),
         "latency_p99": percentile(lats, 99),
+        "ttfts": [s.ttft for s in stats],  # per request, in workload order
         "heads": [s.head for s in stats],
         "outputs": [s.ids for s in stats],
     }
@@ -867,6 +869,30 @@ def fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
     return "" if value is None else f"{value * scale:.{digits}f}"
 
 
+TTFT_BUCKETS = (0, 1024, 2048, 4096, 6144, 8192)
+
+
+def print_ttft_by_length(report: dict[str, Any]) -> None:
+    """Median TTFT per prompt-length bucket and system, for workloads with prompts of 1k+."""
+    lengths = report.get("prompt_lengths") or []
+    if not lengths or max(lengths) < 1024:
+        return
+    print("\nTTFT p50 by prompt length (ms):")
+    spans = [(lo, hi) for lo, hi in itertools.pairwise(TTFT_BUCKETS)
+             if any(lo <= n < hi for n in lengths)]
+    print(f"{'system/mode':>18}  " + "  ".join(f"{f'{lo}-{hi}':>10}" for lo, hi in spans))
+    for r in report["results"]:
+        ttfts = r.get("ttfts") or []
+        if "error" in r or len(ttfts) != len(lengths):
+            continue
+        cells = []
+        for lo, hi in spans:
+            picked = [t for n, t in zip(lengths, ttfts, strict=True)
+                      if lo <= n < hi and t is not None]
+            cells.append(fmt(percentile(picked, 50), 1e3, 0))
+        print(f"{r['system'] + '/' + r['mode']:>18}  " + "  ".join(c.rjust(10) for c in cells))
+
+
 def print_table(report: dict[str, Any]) -> None:
     """The summary table, printed last."""
     m = report["machine"]
@@ -880,9 +906,9 @@ def print_table(report: dict[str, Any]) -> None:
           f"{w['output_tokens']['min']}-{w['output_tokens']['max']} tok "
           f"(total {w['output_tokens']['total']}), seed {w['seed']}, online rate {w['rate_req_s']}"
           " req/s")
-    head = ("system", "mode", "out tok/s", "engine x", "wall s", "TTFT p50", "TTFT p99",
-            "TPOT p50", "TPOT p99", "peak RSS MiB", "agree", "= eng")
-    widths = (10, 8, 10, 9, 8, 9, 9, 9, 9, 13, 6, 6)
+    head = ("system", "mode", "out tok/s", "in tok/s", "engine x", "wall s", "TTFT p50",
+            "TTFT p99", "TPOT p50", "TPOT p99", "peak RSS MiB", "agree", "= eng")
+    widths = (10, 8, 10, 9, 9, 8, 9, 9, 9, 9, 13, 6, 6)
     gpu = any("peak_gpu_mib" in r for r in report["results"])
     if gpu:
         head, widths = (*head, "GPU MiB"), (*widths, 8)
@@ -895,7 +921,8 @@ def print_table(report: dict[str, Any]) -> None:
         rss = r["peak_rss_mib"]
         rss_s = f"{rss:.0f}" + (f"+{r['peak_rss_children_mib']:.0f}"
                                 if r.get("peak_rss_children_mib", 0) > 1 else "")
-        cells = [r["system"], r["mode"], fmt(r["output_tok_s"]), fmt(r.get("engine_ratio"), 1, 2),
+        cells = [r["system"], r["mode"], fmt(r["output_tok_s"]), fmt(r.get("prompt_tok_s"), 1, 0),
+                 fmt(r.get("engine_ratio"), 1, 2),
                  fmt(r["wall_s"]), fmt(r["ttft_p50"], 1e3), fmt(r["ttft_p99"], 1e3),
                  fmt(r["tpot_p50"], 1e3, 2), fmt(r["tpot_p99"], 1e3, 2), rss_s,
                  fmt(r.get("greedy_agreement"), 100, 0), fmt(r.get("engine_agreement"), 100, 0)]
@@ -904,6 +931,7 @@ def print_table(report: dict[str, Any]) -> None:
         print("  ".join(c.rjust(wd) for c, wd in zip(cells, widths, strict=True)))
         if not r.get("lengths_ok", True):
             print(f"{'':>10}  warning: {r['short_requests']} requests got fewer tokens than asked")
+    print_ttft_by_length(report)
     for r in report["results"]:
         bw = r.get("bandwidth")
         if bw:
@@ -974,7 +1002,10 @@ def parent_main(args: argparse.Namespace) -> int:
                     continue
                 results.append(run_child(args, system, mode, tmp, wfile))
 
+    prompt_total = sum(len(r.prompt_token_ids) for r in wl.requests)
     for r in results:
+        if r.get("wall_s"):
+            r["prompt_tok_s"] = prompt_total / r["wall_s"]
         eng = next((e for e in results if e["system"] == "engine" and e["mode"] == r["mode"]
                     and "error" not in e), None)
         if eng and "error" not in r and r.get("output_tok_s"):
@@ -1006,6 +1037,7 @@ def parent_main(args: argparse.Namespace) -> int:
         "max_num_seqs": args.max_num_seqs,
         "max_batched_tokens": args.max_batched_tokens,
         "workload": wl.summary(),
+        "prompt_lengths": [len(r.prompt_token_ids) for r in wl.requests],
         "results": [{k: v for k, v in r.items()
                      if args.keep_outputs or k not in ("heads", "outputs")}
                     for r in results],
