@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.engine_throughput import STANDARD  # noqa: E402
+from bench.engine_throughput import STANDARD, WORKLOADS  # noqa: E402
 from bench.machine import cpu_model, simd_flags  # noqa: E402
 from bench.workload import build_workload  # noqa: E402
 
@@ -123,6 +123,32 @@ def gemm_gflops(kernel: Callable[..., Any], dtype: Any, repeats: int = 7) -> flo
     return 2 * 2048 * 576 * 1536 / best / 1e9
 
 
+def run_arrivals(llm: Any, wl: Any, params: list[Any]) -> list[Any]:
+    """Add each request at its arrival offset (between steps, as an async server would) and
+    step until all are done; outputs in workload order."""
+    engine = llm.engine
+    pending = list(enumerate(wl.requests))
+    finished: dict[int, Any] = {}
+    start = time.perf_counter()
+    while len(finished) < len(wl.requests):
+        now = time.perf_counter() - start
+        while pending and pending[0][1].arrival_offset <= now:
+            i, request = pending.pop(0)
+            engine.add_request(f"r{i}", request.prompt_token_ids, params[i])
+        if not engine.has_unfinished_requests():
+            time.sleep(max(0.0, pending[0][1].arrival_offset - now))
+            continue
+        for output in engine.step():
+            if output.finished:
+                finished[int(output.request_id[1:])] = output
+    return [finished[i] for i in range(len(wl.requests))]
+
+
+def median(values: list[float | None]) -> float | None:
+    present = sorted(v for v in values if v is not None)
+    return present[len(present) // 2] if present else None
+
+
 def useful_flops(model: Any, outs: list[Any], prompts: list[list[int]]) -> dict[str, float]:
     """2 x parameters x tokens (LM head only for sampled rows) plus attention, for the run."""
     cfg = model.config
@@ -148,15 +174,24 @@ def useful_flops(model: Any, outs: list[Any], prompts: list[list[int]]) -> dict[
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-requests", type=int, default=STANDARD["num_requests"])
-    p.add_argument("--max-prompt", type=int, default=STANDARD["max_prompt"])
-    p.add_argument("--max-output", type=int, default=STANDARD["max_output"])
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default="standard",
+                   help="engine_throughput.py's workloads; the flags below override it")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--max-prompt", type=int, default=None)
+    p.add_argument("--max-output", type=int, default=None)
     p.add_argument("--seed", type=int, default=STANDARD["seed"])
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: every core)")
     p.add_argument("--engine-arg", action="append", metavar="KEY=VALUE", default=[])
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="Poisson arrivals at this many req/s, driven step by step as "
+                        "engine_throughput.py's online mode sends them (0: all at once)")
     p.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
+    preset = WORKLOADS[args.workload]
+    for key in ("num_requests", "max_prompt", "max_output"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
 
     import os
 
@@ -176,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             kwargs[key] = raw
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
     wl = build_workload(tokenizer, args.num_requests, args.max_prompt, args.max_output,
-                        args.seed, rate=1.0)
+                        args.seed, rate=args.rate, min_prompt=preset["min_prompt"],
+                        min_output=preset["min_output"])
     llm = LLM(**kwargs)
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     llm.generate([wl.requests[0].prompt_token_ids], warm)
@@ -189,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
               for r in wl.requests]
     cpu0, t0 = time.process_time(), time.perf_counter()
-    with timers.part("step"):
-        outs = llm.generate(prompts, params)
+    outs = run_arrivals(llm, wl, params) if args.rate > 0 else llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     report = breakdown(timers, wall)
@@ -202,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         "process_cpu_s": cpu, "output_tok_s": flops["sampled"] / wall,
         "gemm_gflops": gflops, "achieved_gflops": useful / wall / 1e9,
         "roofline_share": useful / wall / 1e9 / gflops, "flops": flops, "parts": report,
+        "rate": args.rate, "ttft_p50_s": median([o.metrics.ttft for o in outs]),
+        "tpot_p50_s": median([o.metrics.tpot for o in outs]),
     }
     print_report(result)
     if args.out is not None:
@@ -228,6 +265,7 @@ def breakdown(timers: Timers, wall: float) -> list[dict[str, Any]]:
                    if name in s]
     rows += [(name, s.get(name, 0.0), timers.calls.get(name, 0))
              for name in STEP_PARTS if name != "model"]
+    # with --rate, waiting for the next arrival while idle counts here
     rows.append(("host: rest", wall - sum(s.get(n, 0.0) for n in STEP_PARTS), 0))
     return [{"part": n, "seconds": sec, "share": sec / wall, "calls": c} for n, sec, c in rows]
 
@@ -236,7 +274,9 @@ def print_report(r: dict[str, Any]) -> None:
     print(f"profile_engine  {r['cpu']} ({' '.join(r['flags'])})  threads {r['threads']}  "
           f"{r['requests']} requests  engine args {r['engine_args']}")
     print(f"wall {r['wall_s']:.1f} s, process CPU {r['process_cpu_s']:.1f} s, "
-          f"{r['output_tok_s']:.1f} output tok/s")
+          f"{r['output_tok_s']:.1f} output tok/s, TTFT p50 {1e3 * (r['ttft_p50_s'] or 0):.0f} "
+          f"ms, TPOT p50 {1e3 * (r['tpot_p50_s'] or 0):.1f} ms"
+          + (f" (arrivals {r['rate']} req/s)" if r["rate"] else " (all at once)"))
     f = r["flops"]
     print(f"tokens run {f['tokens']:,}, sampled {f['sampled']:,}; useful GFLOP: projections "
           f"{f['projections'] / 1e9:,.0f}, head {f['head'] / 1e9:,.0f}, attention "
