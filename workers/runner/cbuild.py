@@ -2,8 +2,12 @@
 
 Each kernel is plain C with a C ABI, compiled with the system compiler (`cc -O3 -march=native
 -fopenmp`, under a second) and cached per source (headers included), flags and CPU in the
-user's cache directory. OpenMP resolves to the runtime PyTorch has already loaded (same
-soname), so the kernels and PyTorch share threads.
+user's cache directory. `-march=native` is how the code path is chosen at run time: the
+AVX-512 intrinsics exist only in a build for a CPU that has them, and the portable loops are
+vectorized for whatever the CPU has (AVX2 and FMA, or SSE). Tests build the other targets
+(`march="x86-64-v3"`, AVX2; `"x86-64"`, SSE2) on the same machine to check each path.
+OpenMP resolves to the runtime PyTorch has already loaded (same soname), so the kernels and
+PyTorch share threads.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 
 
 def compiler() -> str | None:
@@ -41,30 +45,32 @@ def cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
-def build_and_load(name: str, what: str) -> ctypes.CDLL:
-    """`csrc/<name>.c` as a loaded library, built unless this source, these flags and this
-    CPU already have one. Raises RuntimeError naming `what` for anything that stops it: no
-    compiler, a failed build, an unwritable cache, a library that does not load."""
+def build_and_load(name: str, what: str, march: str = "native") -> ctypes.CDLL:
+    """`csrc/<name>.c` as a loaded library for the CPU target `march`, built unless this
+    source, these flags and this CPU already have one. Raises RuntimeError naming `what` for
+    anything that stops it: no compiler, a failed build, an unwritable cache, a library that
+    does not load."""
     cc = compiler()
     if cc is None:
         raise RuntimeError(f"the {what} needs a C compiler (cc or gcc, or $CC)")
-    digest = hashlib.sha256(" ".join(FLAGS).encode() + cpu_signature().encode())
+    flags = (*FLAGS, f"-march={march}")
+    digest = hashlib.sha256(" ".join(flags).encode() + cpu_signature().encode())
     for source in (CSRC / f"{name}.c", *sorted(CSRC.glob("*.h"))):
         digest.update(source.read_bytes())
     target = cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
     try:
         if not target.exists():
-            _build(cc, CSRC / f"{name}.c", target, what)
+            _build(cc, flags, CSRC / f"{name}.c", target, what)
         return ctypes.CDLL(str(target))
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise RuntimeError(f"building the {what} failed: {exc}") from exc
 
 
-def _build(cc: str, source: Path, target: Path, what: str) -> None:
+def _build(cc: str, flags: tuple[str, ...], source: Path, target: Path, what: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        result = subprocess.run([cc, *FLAGS, f"-I{CSRC}", str(source), "-o", str(built), "-lm"],
+        result = subprocess.run([cc, *flags, f"-I{CSRC}", str(source), "-o", str(built), "-lm"],
                                 capture_output=True, text=True, check=False, timeout=120)
         if result.returncode != 0:
             raise RuntimeError(f"building the {what} failed:\n{result.stderr}")

@@ -32,12 +32,13 @@ def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> bool
 
 
 @functools.cache
-def load_library() -> ctypes.CDLL:
-    """Build the kernel once per source, flags and CPU, then load it (`cbuild`).
+def load_library(march: str = "native") -> ctypes.CDLL:
+    """Build the kernel once per source, flags and CPU, then load it (`cbuild`; tests pass
+    other `march` targets to check each code path).
 
     Raises RuntimeError for anything that stops it (the runner then falls back to torch under
     `auto`)."""
-    lib = cbuild.build_and_load("paged_decode", "CPU decode kernel")
+    lib = cbuild.build_and_load("paged_decode", "CPU decode kernel", march)
     for fn in (lib.paged_decode_f32, lib.paged_decode_i8):
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
@@ -59,12 +60,13 @@ def available() -> bool:
 def paged_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
-    *, plain: bool = False,
+    *, plain: bool = False, march: str = "native",
 ) -> torch.Tensor:
     """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
     The pool is float32 like q, or int8 rows with their scales (`kv_quant`), read in place.
 
-    `plain` forces the portable loops where the build has AVX-512 (tests cover both)."""
+    `plain` forces the portable loops where the build has AVX-512; `march` picks another
+    build target (tests cover them all)."""
     rows, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     if q.stride(2) != 1 or q.stride(1) != head_dim:
@@ -75,7 +77,7 @@ def paged_decode(
     assert block_tables.dtype == seq_lens.dtype == torch.int32
     assert block_tables.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
-    lib = load_library()
+    lib = load_library(march)
     status = (lib.paged_decode_i8 if int8 else lib.paged_decode_f32)(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),

@@ -26,9 +26,10 @@ _INT = ctypes.c_int
 
 
 @functools.cache
-def load_library() -> ctypes.CDLL:
-    """Built once per source, flags and CPU (`cbuild`); RuntimeError if it cannot be."""
-    lib = cbuild.build_and_load("fused_ops", "CPU element-wise kernels")
+def load_library(march: str = "native") -> ctypes.CDLL:
+    """Built once per source, flags and CPU (`cbuild`; tests pass other `march` targets);
+    RuntimeError if it cannot be."""
+    lib = cbuild.build_and_load("fused_ops", "CPU element-wise kernels", march)
     lib.silu_mul_f32.restype = None
     lib.silu_mul_f32.argtypes = [_P, _P, _I64, _I64, _I64, _I64, _INT]
     lib.add_rms_norm_f32.restype = None
@@ -60,42 +61,45 @@ def pick_elementwise(name: str, device: torch.device, dtype: torch.dtype) -> str
     return "cpu"
 
 
+# `march`: the build target (`cbuild`); the engine uses the native one, tests the others too.
+
+
 def _threads() -> int:
     return torch.get_num_threads()
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, *, march: str = "native") -> torch.Tensor:
     """silu(gate) * up for gate_up = [rows, 2n] (gate first), as one [rows, n] tensor."""
     rows, width = gate_up.shape
     n = width // 2
     assert gate_up.dtype == torch.float32 and gate_up.stride(1) == 1
     out = torch.empty(rows, n, dtype=gate_up.dtype)
-    load_library().silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n, gate_up.stride(0),
+    load_library(march).silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n, gate_up.stride(0),
                                 out.stride(0), _threads())
     return out
 
 
 def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> torch.Tensor:
+                 eps: float, *, march: str = "native") -> torch.Tensor:
     """residual += x (unless x is None), in place; returns rmsnorm(residual) * weight."""
     rows, n = residual.shape
     assert residual.is_contiguous() and residual.dtype == torch.float32
     if x is not None:
         assert x.is_contiguous() and x.shape == residual.shape
     out = torch.empty_like(residual)
-    load_library().add_rms_norm_f32(
+    load_library(march).add_rms_norm_f32(
         0 if x is None else x.data_ptr(), residual.data_ptr(), out.data_ptr(),
         weight.data_ptr(), rows, n, eps, int(x is not None), _threads())
     return out
 
 
 def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-          heads: int, head_dim: int) -> None:
+          heads: int, head_dim: int, *, march: str = "native") -> None:
     """Rotate the first `heads` heads of every row of x ([tokens, >= heads * head_dim], rows
     may be strided) in place; cos/sin: the model's [max_positions, head_dim / 2] tables."""
     tokens = x.shape[0]
     assert x.dtype == cos.dtype == sin.dtype == torch.float32 and x.stride(-1) == 1
     assert positions.dtype == torch.long and positions.is_contiguous()
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] * 2 == head_dim
-    load_library().rope_f32(x.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+    load_library(march).rope_f32(x.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                             tokens, x.stride(0), heads, head_dim, _threads())

@@ -5,17 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
 from workers.runner import cpu_decode
-
-
-@pytest.fixture
-def fresh_build(tmp_path, monkeypatch):
-    """An empty kernel cache, and no library loaded by an earlier test."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cpu_decode.load_library.cache_clear()
-    yield tmp_path / "switchboard" / "kernels"
-    cpu_decode.load_library.cache_clear()
 
 
 def test_the_kernel_is_built_once_into_the_cache_and_reused(fresh_build):
@@ -82,8 +74,10 @@ def dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size):
 
 @pytest.mark.parametrize("head_dim", [64, 80, 24])  # whole 64-wide groups, a 16 tail, no AVX
 @pytest.mark.parametrize("plain", [False, True])
-def test_both_code_paths_equal_the_dense_reference(head_dim, plain):
-    """AVX-512 where the build has it and head_dim allows, and the portable loops."""
+@pytest.mark.parametrize("march", build_targets())
+def test_every_code_path_equals_the_dense_reference(head_dim, plain, march):
+    """AVX-512 where the build has it and head_dim allows, and the portable loops, built for
+    this CPU and for the AVX2 and SSE2 targets other CPUs get."""
     g = torch.Generator().manual_seed(head_dim)
     block_size, num_blocks = 16, 80
     k_cache = torch.randn(num_blocks, 2, block_size, head_dim, generator=g)
@@ -94,7 +88,7 @@ def test_both_code_paths_equal_the_dense_reference(head_dim, plain):
     q = torch.randn(5, 6, head_dim, generator=g) * 3  # peaked softmax: exp's range matters
     scale = head_dim**-0.5
     out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, scale, block_size,
-                                  plain=plain)
+                                  plain=plain, march=march)
     ref = dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
@@ -126,7 +120,8 @@ def test_an_unwritable_cache_or_a_missing_compiler_is_a_clear_error(fresh_build,
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(80, 5), (40, 40), (9, 3)])
-def test_tasks_split_a_sequence_heads_where_the_buffers_end(num_heads, num_kv_heads):
+@pytest.mark.parametrize("march", build_targets())
+def test_tasks_split_a_sequence_heads_where_the_buffers_end(num_heads, num_kv_heads, march):
     """A task holds up to 32 query rows: a group of 16 takes two KV heads per task (the last
     task of a sequence one), groups of one take 32 then 8; SmolLM2's 9/3 takes all three."""
     g = torch.Generator().manual_seed(num_heads)
@@ -136,6 +131,7 @@ def test_tasks_split_a_sequence_heads_where_the_buffers_end(num_heads, num_kv_he
     lens = torch.tensor([3, 9, 20], dtype=torch.int32)
     tables = torch.randperm(num_blocks, generator=g)[:15].view(3, 5).to(torch.int32).contiguous()
     q = torch.randn(3, num_heads, head_dim, generator=g)
-    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, 0.25, block_size)
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, 0.25, block_size,
+                                  march=march)
     ref = dense_reference(q, k_cache, v_cache, tables, lens, 0.25, block_size)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -6,27 +6,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
 from workers.runner import cpu_fused
 from workers.runner.model import RMSNorm
 from workers.runner.rope import apply_rotary
 
-
-@pytest.fixture
-def fresh_build(tmp_path, monkeypatch):
-    """An empty kernel cache, and no library loaded by an earlier test."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cpu_fused.load_library.cache_clear()
-    yield tmp_path / "switchboard" / "kernels"
-    cpu_fused.load_library.cache_clear()
+TARGETS = build_targets()
 
 
 @pytest.mark.parametrize("rows, n", [(1, 1536), (7, 37), (64, 256), (300, 96)])
-def test_silu_mul_matches_torch(rows, n):
+@pytest.mark.parametrize("march", TARGETS)
+def test_silu_mul_matches_torch(rows, n, march):
     gen = torch.Generator().manual_seed(rows * n)
     gate_up = torch.randn(rows, 2 * n, generator=gen) * 6  # saturating both ways
     gate, up = gate_up.split(n, dim=-1)
-    torch.testing.assert_close(cpu_fused.silu_mul(gate_up), F.silu(gate) * up,
+    torch.testing.assert_close(cpu_fused.silu_mul(gate_up, march=march), F.silu(gate) * up,
                                rtol=2e-6, atol=1e-6)
 
 
@@ -38,29 +33,32 @@ def test_silu_mul_reads_strided_rows():
 
 
 @pytest.mark.parametrize("rows", [1, 3, 129])
-def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows):
+@pytest.mark.parametrize("march", TARGETS)
+def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows, march):
     norm = RMSNorm(96, 1e-5)
     norm.weight.data = torch.randn(96)
     x, residual = torch.randn(rows, 96), torch.randn(rows, 96) * 3
     want_residual = residual + x
     want = norm(want_residual)
-    got = cpu_fused.add_rms_norm(x, residual, norm.weight, norm.eps)
+    got = cpu_fused.add_rms_norm(x, residual, norm.weight, norm.eps, march=march)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(residual, want_residual)  # in place, exactly the sum
     alone = residual.clone()
-    torch.testing.assert_close(cpu_fused.add_rms_norm(None, alone, norm.weight, norm.eps),
+    torch.testing.assert_close(cpu_fused.add_rms_norm(None, alone, norm.weight, norm.eps,
+                                                      march=march),
                                norm(want_residual), rtol=1e-5, atol=1e-6)
     assert torch.equal(alone, residual)  # nothing added
 
 
-def test_rope_rotates_q_and_k_in_place_and_leaves_v():
+@pytest.mark.parametrize("march", TARGETS)
+def test_rope_rotates_q_and_k_in_place_and_leaves_v(march):
     heads, kv_heads, dim, tokens = 4, 2, 32, 6
     cos_table = torch.randn(50, dim // 2)
     sin_table = torch.randn(50, dim // 2)
     positions = torch.tensor([7, 0, 49, 3, 3, 20])
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim)
     before = qkv.clone()
-    cpu_fused.rope_(qkv, positions, cos_table, sin_table, heads + kv_heads, dim)
+    cpu_fused.rope_(qkv, positions, cos_table, sin_table, heads + kv_heads, dim, march=march)
     cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
     q, k, v = before.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
     want_q = apply_rotary(q.reshape(tokens, heads, dim), cos, sin).reshape(tokens, -1)

@@ -1,0 +1,43 @@
+"""Fixtures for the runner's C kernels: an empty build cache, and every build target this CPU
+can run (each code path of a kernel is one of them)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from workers.runner import cpu_decode, cpu_fused
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def build_targets() -> list[str]:
+    """`native` (AVX-512 intrinsics where the CPU has them), then on x86 the AVX2 target
+    (where the CPU has AVX2 and FMA) and the SSE2 baseline: what other CPUs build."""
+    targets = ["native"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        if {"avx2", "fma", "bmi2"} <= _cpu_flags():
+            targets.append("x86-64-v3")
+        targets.append("x86-64")
+    return targets
+
+
+@pytest.fixture
+def fresh_build(tmp_path, monkeypatch):
+    """An empty kernel cache, and no library loaded by an earlier test."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cpu_decode.load_library.cache_clear()
+    cpu_fused.load_library.cache_clear()
+    yield tmp_path / "switchboard" / "kernels"
+    cpu_decode.load_library.cache_clear()
+    cpu_fused.load_library.cache_clear()
