@@ -1,10 +1,11 @@
 /* Decode attention for CPU that reads K/V straight from the paged pool.
  *
- * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32. One task
- * serves one sequence's KV heads (as many as its buffers hold): it walks the sequence's block
- * table and keeps an online softmax for every query head of those KV heads' GQA groups, so
- * each K/V byte is read once and nothing is gathered. While a block is computed, the next one (anywhere in the pool) is
- * prefetched. Tasks are spread over OpenMP threads.
+ * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32 (or int8
+ * rows with a scale, below). One task serves one sequence's KV heads (as many as its buffers
+ * hold): it walks the sequence's block table and keeps an online softmax for every query head
+ * of those KV heads' GQA groups, so each K/V byte is read once and nothing is gathered. While
+ * a block is computed, the next one (anywhere in the pool) is prefetched into L2. Tasks are
+ * spread over OpenMP threads.
  *
  * Per block and query row, two primitives: the row's scores against the block's keys, and
  * the weighted sum of the block's values into the row's accumulator. Built with AVX-512 they
@@ -14,6 +15,7 @@
  * Built at run time by workers/runner/cpu_decode.py (cc -O3 -march=native -fopenmp).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -26,7 +28,7 @@
 #define MAX_GROUP 16
 #define MAX_DIM 256
 #define MAX_BLOCK 256
-#define MAX_ROWS 32 /* query rows one float32 task holds: >= MAX_GROUP */
+#define MAX_ROWS 32 /* query rows one task holds: >= MAX_GROUP */
 
 /* s[t] = exp(s[t] - shift); returns the sum. */
 static float exp_shifted(float *s, float shift, int n) {
@@ -106,27 +108,46 @@ static void accumulate_avx512(float *acc, const float *p, const float *vb, int n
 }
 #endif
 
-static void prefetch_block(const float *k, const float *v, int64_t base, int64_t floats) {
-    for (int64_t off = 0; off < floats; off += 16) { /* one 64-byte line per call */
+/* Prefetch `bytes` from k + base and v + base into L2, one 64-byte line per call. */
+static void prefetch_block(const char *k, const char *v, int64_t base, int64_t bytes) {
+    for (int64_t off = 0; off < bytes; off += 64) {
         __builtin_prefetch(k + base + off, 0, 1);
         __builtin_prefetch(v + base + off, 0, 1);
     }
 }
 
+/* int8 pool (kv_cache_dtype int8, workers/runner/kv_quant.py): a row is head_dim int8 values
+ * followed by its float32 scale (4 bytes), x = q * scale. A block's rows of one head are
+ * dequantized once into a small float buffer (scales folded in), shared by every query head
+ * of its GQA group; the float primitives then run on it unchanged (AVX-512 ones included). */
+static void dequantize_block(const int8_t *src, int n, int dim, float *dst) {
+    const int64_t stride = dim + 4;
+    for (int t = 0; t < n; t++) {
+        const int8_t *row = src + (int64_t)t * stride;
+        float scale;
+        memcpy(&scale, row + dim, sizeof scale);
+        float *out = dst + (int64_t)t * dim;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) out[d] = scale * (float)row[d];
+    }
+}
+
 /* One task: `heads` consecutive KV heads of one sequence and their query rows (`group` per
  * KV head, consecutive in q and out, row stride dim); k, v: the pool offset to the first of
- * those heads. A block's heads lie next to each other in the pool, so the task reads one
- * contiguous run per block (heads x block_size x dim floats of K, the same of V), which the
- * hardware prefetcher follows better than one head's 4 KB. */
-static void decode_task(const float *q, const float *k, const float *v, float *out,
-                        const int32_t *table, int len, int heads, int group, int dim,
-                        int block_size, int64_t block_stride, float scale, int wide) {
+ * those heads, in bytes, float32 rows or int8 ones (`int8`). A block's heads lie next to
+ * each other in the pool, so the task reads one contiguous run per block (heads x
+ * block_size rows of K, the same of V), which the hardware prefetcher follows better than
+ * one head's rows alone. */
+static inline __attribute__((always_inline)) void decode_task(
+    const float *q, const char *k, const char *v, float *out, const int32_t *table, int len,
+    int heads, int group, int dim, int block_size, int64_t block_stride, int int8, float scale,
+    int wide, float *kf, float *vf) {
     float qs[MAX_ROWS][MAX_DIM];
     float acc[MAX_ROWS][MAX_DIM];
     float m[MAX_ROWS], l[MAX_ROWS];
     float s[MAX_BLOCK];
     const int rows = heads * group;
-    const int64_t head_stride = (int64_t)block_size * dim;
+    const int64_t head_stride = (int64_t)block_size * (int8 ? dim + 4 : dim * 4); /* bytes */
     for (int r = 0; r < rows; r++) {
         for (int d = 0; d < dim; d++) {
             qs[r][d] = q[r * dim + d] * scale;
@@ -140,26 +161,34 @@ static void decode_task(const float *q, const float *k, const float *v, float *o
         const int n = len - start < block_size ? len - start : block_size;
         if (start + block_size < len)
             prefetch_block(k, v, (int64_t)table[b + 1] * block_stride, heads * head_stride);
-        for (int r = 0; r < rows; r++) {
-            const float *kb = k + base + (r / group) * head_stride;
-            const float *vb = v + base + (r / group) * head_stride;
+        for (int j = 0; j < heads; j++) {
+            const char *kh = k + base + j * head_stride, *vh = v + base + j * head_stride;
+            const float *kb = (const float *)kh, *vb = (const float *)vh;
+            if (int8) {
+                dequantize_block((const int8_t *)kh, n, dim, kf);
+                dequantize_block((const int8_t *)vh, n, dim, vf);
+                kb = kf;
+                vb = vf;
+            }
+            for (int r = j * group; r < (j + 1) * group; r++) {
 #if defined(__AVX512F__)
-            if (wide)
-                scores_avx512(qs[r], kb, n, dim, s);
-            else
+                if (wide)
+                    scores_avx512(qs[r], kb, n, dim, s);
+                else
 #endif
-                scores_plain(qs[r], kb, n, dim, s);
-            float mx = m[r];
-            for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-            const float correction = expf(m[r] - mx); /* 0 on the first block: m is -inf */
-            m[r] = mx;
-            l[r] = l[r] * correction + exp_shifted(s, mx, n);
+                    scores_plain(qs[r], kb, n, dim, s);
+                float mx = m[r];
+                for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+                const float correction = expf(m[r] - mx); /* 0 on the first block: m is -inf */
+                m[r] = mx;
+                l[r] = l[r] * correction + exp_shifted(s, mx, n);
 #if defined(__AVX512F__)
-            if (wide)
-                accumulate_avx512(acc[r], s, vb, n, dim, correction);
-            else
+                if (wide)
+                    accumulate_avx512(acc[r], s, vb, n, dim, correction);
+                else
 #endif
-                accumulate_plain(acc[r], s, vb, n, dim, correction);
+                    accumulate_plain(acc[r], s, vb, n, dim, correction);
+            }
         }
     }
     for (int r = 0; r < rows; r++) {
@@ -168,19 +197,35 @@ static void decode_task(const float *q, const float *k, const float *v, float *o
     }
 }
 
-/* Returns 0, or -1 when a shape is past this kernel's fixed limits (checked by the caller
- * first; this is the last guard before a stack overrun). `plain` forces the portable loops. */
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+/* decode_task with the pool's type a constant, so each has its own loops. */
+static void decode_task_f32(const float *q, const char *k, const char *v, float *out,
+                            const int32_t *table, int len, int heads, int group, int dim,
+                            int block_size, int64_t block_stride, float scale, int wide) {
+    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, 0, scale,
+                wide, NULL, NULL);
+}
+
+static void decode_task_i8(const float *q, const char *k, const char *v, float *out,
+                           const int32_t *table, int len, int heads, int group, int dim,
+                           int block_size, int64_t block_stride, float scale, int wide) {
+    float kf[block_size * dim], vf[block_size * dim]; /* one block of one head, dequantized */
+    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, 1, scale,
+                wide, kf, vf);
+}
+
+/* Sequences x chunks of KV heads (as many heads per task as the row buffers hold), spread
+ * over OpenMP threads. Returns 0, or -1 when a shape is past this kernel's fixed limits
+ * (checked by the caller first; this is the last guard before a stack overrun). */
+static int run_tasks(const float *q, const char *k_cache, const char *v_cache, float *out,
                      const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
                      int num_kv_heads, int head_dim, int block_size, int table_stride,
                      int64_t q_token_stride, int64_t out_token_stride, float scale,
-                     int num_threads, int plain) {
+                     int num_threads, int plain, int int8) {
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
     const int wide = !plain && head_dim % 16 == 0;
-    const int64_t head_stride = (int64_t)block_size * head_dim;
+    const int64_t head_stride = (int64_t)block_size * (int8 ? head_dim + 4 : head_dim * 4);
     const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
-    /* as many KV heads per task as the row buffers hold */
     const int per_task = MAX_ROWS / group < num_kv_heads ? MAX_ROWS / group : num_kv_heads;
     const int chunks = (num_kv_heads + per_task - 1) / per_task;
     const int tasks = num_seqs * chunks;
@@ -190,87 +235,23 @@ int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
         const int heads = num_kv_heads - h < per_task ? num_kv_heads - h : per_task;
         const int64_t q_off = seq * q_token_stride + (int64_t)h * group * head_dim;
         const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
-        decode_task(q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
-                    out + o_off, tables + (int64_t)seq * table_stride, lens[seq], heads, group,
-                    head_dim, block_size, block_stride, scale, wide);
+        (int8 ? decode_task_i8 : decode_task_f32)(
+            q + q_off, k_cache + h * head_stride, v_cache + h * head_stride, out + o_off,
+            tables + (int64_t)seq * table_stride, lens[seq], heads, group, head_dim, block_size,
+            block_stride, scale, wide);
     }
     return 0;
 }
 
-/* ---- int8 pool (kv_cache_dtype int8, workers/runner/kv_quant.py) --------------------------
- * A row is head_dim int8 values followed by its float32 scale (4 bytes), so a row is
- * dim + 4 bytes and x = q * scale. Each block's rows are dequantized once into a small float
- * buffer (scales folded in), shared by every query head of the GQA group, and then the float
- * primitives above run on it unchanged (AVX-512 ones included). */
-
-static void dequantize_block(const int8_t *src, int n, int dim, float *dst) {
-    const int64_t stride = dim + 4;
-    for (int t = 0; t < n; t++) {
-        const int8_t *row = src + (int64_t)t * stride;
-        float scale;
-        memcpy(&scale, row + dim, sizeof scale);
-        float *out = dst + (int64_t)t * dim;
-#pragma omp simd
-        for (int d = 0; d < dim; d++) out[d] = scale * (float)row[d];
-    }
-}
-
-static void prefetch_block_i8(const int8_t *k, const int8_t *v, int64_t base, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(k + base + off, 0, 1);
-        __builtin_prefetch(v + base + off, 0, 1);
-    }
-}
-
-/* decode_task over an int8 pool; block_stride in bytes. */
-static void decode_task_i8(const float *q, const int8_t *k, const int8_t *v, float *out,
-                           const int32_t *table, int len, int group, int dim, int block_size,
-                           int64_t block_stride, float scale, int wide) {
-    float qs[MAX_GROUP][MAX_DIM];
-    float acc[MAX_GROUP][MAX_DIM];
-    float m[MAX_GROUP], l[MAX_GROUP];
-    float s[MAX_BLOCK];
-    float kf[block_size * dim], vf[block_size * dim]; /* one block, dequantized */
-    for (int g = 0; g < group; g++) {
-        for (int d = 0; d < dim; d++) {
-            qs[g][d] = q[g * dim + d] * scale;
-            acc[g][d] = 0.0f;
-        }
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-    }
-    for (int start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t base = (int64_t)table[b] * block_stride;
-        const int n = len - start < block_size ? len - start : block_size;
-        if (start + block_size < len)
-            prefetch_block_i8(k, v, (int64_t)table[b + 1] * block_stride,
-                              (int64_t)block_size * (dim + 4));
-        dequantize_block(k + base, n, dim, kf);
-        dequantize_block(v + base, n, dim, vf);
-        for (int g = 0; g < group; g++) {
-#if defined(__AVX512F__)
-            if (wide)
-                scores_avx512(qs[g], kf, n, dim, s);
-            else
-#endif
-                scores_plain(qs[g], kf, n, dim, s);
-            float mx = m[g];
-            for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-            const float correction = expf(m[g] - mx);
-            m[g] = mx;
-            l[g] = l[g] * correction + exp_shifted(s, mx, n);
-#if defined(__AVX512F__)
-            if (wide)
-                accumulate_avx512(acc[g], s, vf, n, dim, correction);
-            else
-#endif
-                accumulate_plain(acc[g], s, vf, n, dim, correction);
-        }
-    }
-    for (int g = 0; g < group; g++) {
-        const float inv = 1.0f / l[g];
-        for (int d = 0; d < dim; d++) out[g * dim + d] = acc[g][d] * inv;
-    }
+/* A float32 pool [blocks, kv_heads, block_size, dim]. `plain` forces the portable loops. */
+int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
+                     const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
+                     int num_kv_heads, int head_dim, int block_size, int table_stride,
+                     int64_t q_token_stride, int64_t out_token_stride, float scale,
+                     int num_threads, int plain) {
+    return run_tasks(q, (const char *)k_cache, (const char *)v_cache, out, tables, lens,
+                     num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride,
+                     q_token_stride, out_token_stride, scale, num_threads, plain, 0);
 }
 
 /* paged_decode_f32's contract over an int8 pool ([blocks, kv_heads, block_size, dim + 4]
@@ -280,20 +261,7 @@ int paged_decode_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache
                     int num_kv_heads, int head_dim, int block_size, int table_stride,
                     int64_t q_token_stride, int64_t out_token_stride, float scale,
                     int num_threads, int plain) {
-    const int group = num_heads / num_kv_heads;
-    if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
-    const int wide = !plain && head_dim % 16 == 0;
-    const int64_t head_stride = (int64_t)block_size * (head_dim + 4);
-    const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
-    const int tasks = num_seqs * num_kv_heads;
-#pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
-    for (int task = 0; task < tasks; task++) {
-        const int seq = task / num_kv_heads, h = task % num_kv_heads;
-        const int64_t q_off = seq * q_token_stride + (int64_t)h * group * head_dim;
-        const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
-        decode_task_i8(q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
-                       out + o_off, tables + (int64_t)seq * table_stride, lens[seq], group,
-                       head_dim, block_size, block_stride, scale, wide);
-    }
-    return 0;
+    return run_tasks(q, (const char *)k_cache, (const char *)v_cache, out, tables, lens,
+                     num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride,
+                     q_token_stride, out_token_stride, scale, num_threads, plain, 1);
 }
