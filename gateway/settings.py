@@ -6,7 +6,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     embedded_long_prefill_token_threshold: int = 512
     # fair: the least-served tenant's requests first, by plan weight; fcfs: arrival order.
     embedded_scheduling_policy: Literal["fair", "fcfs"] = "fair"
+    # While several tenants have had work in the last 10 s, the longest a step's prompt chunks
+    # may take (0: no limit); docs/engine.md "Scheduling".
+    embedded_shared_step_s: float = Field(default=0.25, ge=0.0, le=60.0)
     # int8: weights as int8 with per-channel scales; KV as int8 with per-token scales
     # (docs/engine.md, "Quantization")
     embedded_quantization: Literal["none", "int8"] = "none"

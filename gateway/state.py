@@ -125,6 +125,7 @@ class GatewayState:
             max_num_seqs=self.settings.embedded_max_num_seqs,
             long_prefill_token_threshold=self.settings.embedded_long_prefill_token_threshold,
             scheduling_policy=self.settings.embedded_scheduling_policy,
+            shared_step_s=self.settings.embedded_shared_step_s,
             quantization=self.settings.embedded_quantization,
             kv_cache_dtype=self.settings.embedded_kv_cache_dtype,
             speculative=self.settings.embedded_speculative,

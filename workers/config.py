@@ -20,6 +20,9 @@ class EngineArgs:
     # The most prompt tokens one request may prefill per step (0: no cap); see
     # SchedulerConfig and docs/engine.md.
     long_prefill_token_threshold: int = 512
+    # While two or more tenants have had work in the last 10 s, the prompt chunks of one step
+    # may take at most this long at the measured speed (0: no limit); SchedulerConfig.
+    shared_step_s: float = 0.25
     # fair: the least-served tenant's requests are admitted first, by weight (VTC,
     # workers/engine/fair_share.py); fcfs: priority, then arrival, whoever sent them
     scheduling_policy: str = "fair"

@@ -28,6 +28,7 @@ from workers.engine.speculative import (
     back_off,
     check_request_tokens,
 )
+from workers.engine.step_cost import attention_tokens
 from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,8 @@ class LLMEngine:
                 policy=args.scheduling_policy,
                 max_loras=args.max_loras if args.enable_lora else 0,
                 speculative=SpeculativeConfig.parse(args.speculative),
+                shared_step_s=args.shared_step_s,
+                attention_tokens=attention_tokens(runner.model.config),
             ),
             self.block_manager,
             self.loras.pinned_ids if self.loras else None,
@@ -426,7 +429,9 @@ class LLMEngine:
             _note_progress(request, self._seqs[chunk.seq_id])
         for seq_id in sched.preempted_seq_ids:
             self._request_of(seq_id).metrics.num_preemptions += 1
+        started = time.perf_counter()
         results = self.runner.execute(sched)
+        self.scheduler.observe_step(sched, time.perf_counter() - started)
         return self._update(sched, results)
 
     def _assign_lora_slots(self, sched: SchedulerOutput) -> None:

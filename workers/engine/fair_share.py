@@ -33,6 +33,7 @@ class FairShare:
         self.counters: dict[str | None, float] = {}
         self.tokens: Counter[str | None] = Counter()  # computed per tenant, unweighted
         self.active: Counter[str | None] = Counter()  # live sequences per tenant
+        self.last_left: dict[str | None, float] = {}  # when a tenant's last sequence left
         self._live: set[int] = set()
 
     def arrive(self, seq: Sequence) -> None:
@@ -52,13 +53,20 @@ class FairShare:
             self.counters[tenant] = own
         self.active[tenant] += 1
 
-    def leave(self, seq: Sequence) -> None:
+    def leave(self, seq: Sequence, now: float = 0.0) -> None:
         if seq.seq_id not in self._live:
             return  # never queued (a request aborted while its adapter was being read)
         self._live.discard(seq.seq_id)
         self.active[seq.tenant] -= 1
         if self.active[seq.tenant] <= 0:
             del self.active[seq.tenant]
+            self.last_left[seq.tenant] = now
+
+    def sharing(self, now: float, window_s: float) -> bool:
+        """Whether two or more tenants have had work in the engine within `window_s`: a
+        tenant between requests (a chat waiting for its user) still counts."""
+        recent = {t for t, left in self.last_left.items() if now - left <= window_s}
+        return len(recent | set(self.active)) >= 2
 
     def charge(self, seq: Sequence, num_prompt: int, num_output: int) -> None:
         """Count tokens computed for `seq`'s tenant this step."""

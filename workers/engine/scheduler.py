@@ -13,6 +13,8 @@ waiting request whose adapter does not fit is passed over, not waited on.
 from __future__ import annotations
 
 import bisect
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from workers.engine.queue_policy import PriorityFCFSQueue
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.sequence import Sequence, SequenceStatus
 from workers.engine.speculative import NgramIndex, SpeculativeConfig
+from workers.engine.step_cost import StepCost, StepRoom
 from workers.engine.structured import TokenMatcher
 
 
@@ -89,6 +92,17 @@ class SchedulerConfig:
     # then arrival, for admission and (reversed) for preemption.
     policy: str = "fair"
     speculative: SpeculativeConfig | None = None  # None: no proposals
+    # While two or more tenants have had work within `sharing_window_s`, prompt chunks in one
+    # step may cost at most this many seconds at the measured speed (`StepCost`; 0: no
+    # limit), so one tenant's long prompts cannot keep another's request waiting for a long
+    # step. Decode rows always run; the first prompt chunk of a step gets at least
+    # `MIN_SHARED_CHUNK` tokens. One tenant alone is never limited.
+    shared_step_s: float = 0.0
+    sharing_window_s: float = 10.0
+    attention_tokens: float = 0.0  # StepCost.attention_tokens for the model (0: not counted)
+
+
+MIN_SHARED_CHUNK = 16
 
 
 POLICIES = ("fair", "fcfs")
@@ -108,6 +122,8 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._finished_seq_ids: list[int] = []
         self.num_preemptions = 0
+        self.cost = StepCost(config.attention_tokens)
+        self.clock: Callable[[], float] = time.monotonic
 
     @property
     def has_work(self) -> bool:
@@ -128,6 +144,7 @@ class Scheduler:
         prefill_room = budget - cap if cap and self.waiting else budget
         yielded = self._tenants_to_hold_back()  # their prefills sit this step out
         speculate = self._speculation_pays()
+        shared = StepRoom(self.cost, self._shared_units(), MIN_SHARED_CHUNK)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -136,7 +153,10 @@ class Scheduler:
                 num_new = min(num_new, max(prefill_room, 0))
                 if seq.tenant in yielded:
                     num_new = 0  # a less-served tenant waits: its prompt goes first
+                num_new = shared.take(num_new, seq.num_computed_tokens)
                 prefill_room -= num_new
+            elif num_new == 1:
+                shared.charge(1, seq.num_computed_tokens)
             if num_new == 0:  # its next token has not been sampled yet, or no room left
                 i += 1
                 continue
@@ -169,6 +189,11 @@ class Scheduler:
                 if seq.num_cached_tokens is None:
                     seq.num_cached_tokens = cached
             num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if num_new > 1:
+                num_new = shared.take(num_new, seq.num_computed_tokens)
+                if num_new == 0:
+                    self.block_manager.free(seq)  # the step is full: it starts next step
+                    break
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
                 break
@@ -181,6 +206,19 @@ class Scheduler:
         for seq in passed_over:
             self.waiting.push(seq)
         return out
+
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The engine reports how long the runner took over `out`: the speed `shared_step_s`
+        is turned into token-equivalents with."""
+        self.cost.observe(sum(self.cost.of_chunk(c.num_tokens, c.start_pos)
+                              for c in out.chunks), seconds)
+
+    def _shared_units(self) -> float | None:
+        """Units the step may spend while tenants share the engine (None: no limit)."""
+        if self.config.shared_step_s <= 0 or not self.share.sharing(
+                self.clock(), self.config.sharing_window_s):
+            return None
+        return self.cost.units_in(self.config.shared_step_s)
 
     def _free_a_seat(self, seq: Sequence, width: int, out: SchedulerOutput) -> bool:
         """Under `fair`, when every seat (`max_num_seqs`) is taken and `seq`'s tenant has
@@ -284,7 +322,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        self.share.leave(seq)
+        self.share.leave(seq, self.clock())
         self.block_manager.free(seq)
         self._finished_seq_ids.append(seq.seq_id)
 
