@@ -69,3 +69,35 @@ def test_backlogged_tenants_split_tokens_by_weight(tiny_llama_path, weights, sha
     served_b = last.get("b", 0) - start.get("b", 0)
     assert served_a + served_b > 200  # long enough a window to mean something
     assert served_a / (served_a + served_b) == pytest.approx(share, rel=0.10)
+
+
+def test_the_engine_times_its_steps_and_limits_a_shared_step(tiny_llama_path):
+    """The engine feeds each step's time to the scheduler; with two tenants active and a
+    limit far below one step, a long prompt advances by the 16-token floor per step, while a
+    lone tenant's prompt is not limited."""
+    engine = LLMEngine.from_args(model=str(tiny_llama_path), kv_cache_memory=8 << 20,
+                                 device="cpu", dtype="float32", max_num_batched_tokens=256,
+                                 shared_step_s=1e-9)
+    scheduler = engine.scheduler
+    assert scheduler.cost.attention_tokens > 0  # from the model's config
+    engine.add_request("warm", random_prompts(1, seed=1, lo=64, hi=64)[0], params(2),
+                       tenant="a")
+    first = scheduler.schedule  # watch the chunk sizes of the next steps
+    sizes: list[int] = []
+
+    def recording():
+        out = first()
+        sizes.extend(c.num_tokens for c in out.chunks if c.num_tokens > 1)
+        return out
+
+    scheduler.schedule = recording
+    admission_order(engine)
+    assert sizes == [64]  # alone: one chunk; meanwhile the steps were timed
+    assert scheduler.cost.seconds_per_unit is not None
+    sizes.clear()
+    engine.add_request("other", random_prompts(1, seed=2, lo=8, hi=8)[0], params(2),
+                       tenant="b")
+    engine.add_request("long", random_prompts(1, seed=3, lo=100, hi=100)[0], params(2),
+                       tenant="a")
+    admission_order(engine)
+    assert sizes[0] == 8 and max(sizes[1:]) == 16 and sum(sizes[1:]) == 100
