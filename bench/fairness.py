@@ -41,7 +41,8 @@ from bench.machine import cpu_model, simd_flags  # noqa: E402
 from workers import AsyncLLMEngine, SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULTS = {"light": 6, "rate": 0.5, "backlog": 16, "max_tokens": 24, "max_num_seqs": 8}
+DEFAULTS = {"light": 6, "rate": 0.5, "backlog": 16, "max_tokens": 24, "max_num_seqs": 8,
+            "shared_step_s": 0.25}
 
 
 def prompts(n: int, seed: int) -> list[list[int]]:
@@ -59,7 +60,8 @@ class Run:
 
     def __init__(self, policy: str, args: argparse.Namespace) -> None:
         self.engine = AsyncLLMEngine(None, device="cpu", dtype="float32",
-                                     max_num_seqs=args.max_num_seqs, scheduling_policy=policy)
+                                     max_num_seqs=args.max_num_seqs, scheduling_policy=policy,
+                                     shared_step_s=args.shared_step_s)
         self.params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
         self.ttft: dict[str, list[float]] = {}
         self.started: dict[str, int] = {}
@@ -162,6 +164,8 @@ def main() -> None:
     p.add_argument("--backlog", type=int, default=DEFAULTS["backlog"])
     p.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"])
     p.add_argument("--max-num-seqs", type=int, default=DEFAULTS["max_num_seqs"])
+    p.add_argument("--shared-step-s", type=float, default=DEFAULTS["shared_step_s"],
+                   help="the engine's step limit while tenants share it (0: off)")
     args = p.parse_args()
     solo = asyncio.run(mixed("fair", args, with_heavy=False))
     rows = [asyncio.run(mixed(policy, args, with_heavy=True)) for policy in ("fcfs", "fair")]

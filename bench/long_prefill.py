@@ -5,7 +5,9 @@ On the default SmolLM2 (float32 on CPU), in one process, one engine per setting 
 arrives, then while it is prefilling, `--shorts` requests of 8-24 tokens (max_tokens 8) arrive
 one by one. Reported per setting: the short requests' TTFT p50 (and idle: the same short
 requests on an empty engine), the long prompt's TTFT, and the wall time of the whole workload
-(lower is better; the cap may not cost more than a few percent of it).
+(lower is better; the cap may not cost more than a few percent of it). With `--tenants` the
+long prompt and the short requests come from two tenants, so the engine's shared step limit
+(`--shared-step-s`, the engine's default unless given) applies.
 
 Usage: .venv/bin/python bench/long_prefill.py [--long 6000] [--caps 0,128,256,512]
 Prints a table last and writes bench/results/long_prefill-cpu.json (a non-default run writes
@@ -39,11 +41,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULTS = {"long": 6000, "shorts": 8, "caps": "0,128,256,512", "budget": 1024}
 
 
-async def ttft(engine: AsyncLLMEngine, prompt: list[int], request_id: str) -> float:
+async def ttft(engine: AsyncLLMEngine, prompt: list[int], request_id: str,
+               tenant: str | None = None) -> float:
     started = time.perf_counter()
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     first = None
-    async for _ in engine.generate(prompt, params, request_id=request_id):
+    async for _ in engine.generate(prompt, params, request_id=request_id, tenant=tenant):
         if first is None:
             first = time.perf_counter() - started
     assert first is not None
@@ -52,16 +55,18 @@ async def ttft(engine: AsyncLLMEngine, prompt: list[int], request_id: str) -> fl
 
 async def run(cap: int, args: argparse.Namespace, long: list[int],
               shorts: list[list[int]]) -> dict[str, Any]:
+    extra = {} if args.shared_step_s is None else {"shared_step_s": args.shared_step_s}
     engine = AsyncLLMEngine(None, max_num_batched_tokens=args.budget,
-                            long_prefill_token_threshold=cap, kv_cache_memory=1 << 30)
+                            long_prefill_token_threshold=cap, kv_cache_memory=1 << 30, **extra)
+    short_tenant, long_tenant = ("short", "long") if args.tenants else (None, None)
     await engine.start()
     try:
-        await ttft(engine, shorts[0], "warmup")
-        idle = [await ttft(engine, p, f"idle-{i}") for i, p in enumerate(shorts)]
+        await ttft(engine, shorts[0], "warmup", short_tenant)
+        idle = [await ttft(engine, p, f"idle-{i}", short_tenant) for i, p in enumerate(shorts)]
         started = time.perf_counter()
-        long_task = asyncio.create_task(ttft(engine, long, "long"))
+        long_task = asyncio.create_task(ttft(engine, long, "long", long_tenant))
         await asyncio.sleep(0.2)  # the long prompt is prefilling
-        busy = await asyncio.gather(*(ttft(engine, prompt, f"short-{i}")
+        busy = await asyncio.gather(*(ttft(engine, prompt, f"short-{i}", short_tenant)
                                       for i, prompt in enumerate(shorts)))
         long_ttft = await long_task
         wall = time.perf_counter() - started
@@ -79,6 +84,10 @@ def main() -> None:
     p.add_argument("--shorts", type=int, default=DEFAULTS["shorts"])
     p.add_argument("--caps", default=DEFAULTS["caps"])
     p.add_argument("--budget", type=int, default=DEFAULTS["budget"])
+    p.add_argument("--tenants", action="store_true",
+                   help="the long prompt and the short requests from two tenants")
+    p.add_argument("--shared-step-s", type=float, default=None,
+                   help="the engine's step limit while tenants share it (default: the engine's)")
     args = p.parse_args()
     rng = random.Random(0)
     long = [rng.randrange(100, 40000) for _ in range(args.long)]
@@ -86,7 +95,7 @@ def main() -> None:
               for _ in range(args.shorts)]
     rows = [asyncio.run(run(int(c), args, long, shorts)) for c in args.caps.split(",")]
     base = next((r for r in rows if r["cap"] == 0), rows[0])
-    standard = all(getattr(args, k) == v for k, v in DEFAULTS.items())
+    standard = all(getattr(args, k) == v for k, v in DEFAULTS.items()) and not args.tenants
     out = RESULTS / ("long_prefill-cpu.json" if standard else "long_prefill-cpu-smoke.json")
     RESULTS.mkdir(exist_ok=True)
     out.write_text(json.dumps({

@@ -4,13 +4,17 @@ A prompt or output token costs one unit for its projections; attention adds its 
 `attention_tokens` (the context length at which a token's attention FLOPs equal its
 projections': 2 x layer parameters / (4 x head size x query heads x layers), about 3,000 for
 SmolLM2). The engine times every step and keeps a moving average of seconds per unit, so the
-scheduler can turn "at most this long" into units without knowing the hardware.
+scheduler can turn "at most this long" into units without knowing the hardware. Until a step
+big enough to time has run, it assumes a slow machine (`GUESS_SECONDS_PER_UNIT`, about a
+2-core CPU): a fast one then runs a short step or two, never a long one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+GUESS_SECONDS_PER_UNIT = 1e-3
 
 
 @dataclass
@@ -52,11 +56,9 @@ class StepCost:
         else:
             self.seconds_per_unit += self.smoothing * (sample - self.seconds_per_unit)
 
-    def units_in(self, seconds: float) -> float | None:
-        """How many units fit in `seconds` at the measured rate (None before any step)."""
-        if self.seconds_per_unit is None:
-            return None
-        return seconds / self.seconds_per_unit
+    def units_in(self, seconds: float) -> float:
+        """How many units fit in `seconds` at the measured rate (or the guess before it)."""
+        return seconds / (self.seconds_per_unit or GUESS_SECONDS_PER_UNIT)
 
 
 def attention_tokens(config: object) -> float:
