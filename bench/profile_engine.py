@@ -211,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             kwargs[key] = raw
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(None))
     wl = build_workload(tokenizer, args.num_requests, args.max_prompt, args.max_output,
-                        args.seed, rate=args.rate, min_prompt=preset["min_prompt"],
+                        # a positive rate draws arrival gaps from the same seeded stream as
+                        # the lengths, so --rate 0 must still draw them: the same token ids
+                        # as engine_throughput.py's workload at any rate
+                        args.seed, rate=args.rate or 2.0, min_prompt=preset["min_prompt"],
                         min_output=preset["min_output"])
     llm = LLM(**kwargs)
     warm = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
