@@ -39,10 +39,9 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     Raises RuntimeError for anything that stops it (the runner then falls back to torch under
     `auto`)."""
     lib = cbuild.build_and_load("paged_decode", "CPU decode kernel", march)
-    for fn in (lib.paged_decode_f32, lib.paged_decode_i8):
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
-            ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.paged_decode.restype = ctypes.c_int
+    lib.paged_decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_float] + [ctypes.c_int] * 3
     return lib
 
 
@@ -78,11 +77,11 @@ def paged_decode(
     assert block_tables.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
     lib = load_library(march)
-    status = (lib.paged_decode_i8 if int8 else lib.paged_decode_f32)(
+    status = lib.paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),
         rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
-        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain))
+        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), int(int8))
     if status != 0:
         raise ValueError("shape past the CPU decode kernel's limits "
                          f"(group <= {MAX_GROUP}, head_dim <= {MAX_DIM}, block <= {MAX_BLOCK})")

@@ -213,14 +213,18 @@ static void decode_task_i8(const float *q, const char *k, const char *v, float *
                 wide, kf, vf);
 }
 
-/* Sequences x chunks of KV heads (as many heads per task as the row buffers hold), spread
- * over OpenMP threads. Returns 0, or -1 when a shape is past this kernel's fixed limits
- * (checked by the caller first; this is the last guard before a stack overrun). */
-static int run_tasks(const float *q, const char *k_cache, const char *v_cache, float *out,
-                     const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
-                     int num_kv_heads, int head_dim, int block_size, int table_stride,
-                     int64_t q_token_stride, int64_t out_token_stride, float scale,
-                     int num_threads, int plain, int int8) {
+/* The entry point. The pool is [blocks, kv_heads, block_size, dim] float32 rows, or with
+ * `int8` [blocks, kv_heads, block_size, dim + 4] bytes (int8 values and a float32 scale); q
+ * and out are float32 either way. Sequences x chunks of KV heads (as many heads per task as
+ * the row buffers hold) are spread over OpenMP threads; `plain` forces the portable loops.
+ * Returns 0, or -1 when a shape is past this kernel's fixed limits (checked by the caller
+ * first; this is the last guard before a stack overrun). */
+int paged_decode(const float *q, const void *k_pool, const void *v_pool, float *out,
+                 const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
+                 int num_kv_heads, int head_dim, int block_size, int table_stride,
+                 int64_t q_token_stride, int64_t out_token_stride, float scale,
+                 int num_threads, int plain, int int8) {
+    const char *k_cache = k_pool, *v_cache = v_pool;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
     const int wide = !plain && head_dim % 16 == 0;
@@ -241,27 +245,4 @@ static int run_tasks(const float *q, const char *k_cache, const char *v_cache, f
             block_stride, scale, wide);
     }
     return 0;
-}
-
-/* A float32 pool [blocks, kv_heads, block_size, dim]. `plain` forces the portable loops. */
-int paged_decode_f32(const float *q, const float *k_cache, const float *v_cache, float *out,
-                     const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
-                     int num_kv_heads, int head_dim, int block_size, int table_stride,
-                     int64_t q_token_stride, int64_t out_token_stride, float scale,
-                     int num_threads, int plain) {
-    return run_tasks(q, (const char *)k_cache, (const char *)v_cache, out, tables, lens,
-                     num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride,
-                     q_token_stride, out_token_stride, scale, num_threads, plain, 0);
-}
-
-/* paged_decode_f32's contract over an int8 pool ([blocks, kv_heads, block_size, dim + 4]
- * bytes); q and out stay float32. */
-int paged_decode_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache, float *out,
-                    const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
-                    int num_kv_heads, int head_dim, int block_size, int table_stride,
-                    int64_t q_token_stride, int64_t out_token_stride, float scale,
-                    int num_threads, int plain) {
-    return run_tasks(q, (const char *)k_cache, (const char *)v_cache, out, tables, lens,
-                     num_seqs, num_heads, num_kv_heads, head_dim, block_size, table_stride,
-                     q_token_stride, out_token_stride, scale, num_threads, plain, 1);
 }
