@@ -65,8 +65,9 @@ class FairShare:
     def sharing(self, now: float, window_s: float) -> bool:
         """Whether two or more tenants have had work in the engine within `window_s`: a
         tenant between requests (a chat waiting for its user) still counts."""
-        recent = {t for t, left in self.last_left.items() if now - left <= window_s}
-        return len(recent | set(self.active)) >= 2
+        for tenant in [t for t, left in self.last_left.items() if now - left > window_s]:
+            del self.last_left[tenant]  # gone too long: forget it (the dict stays small)
+        return len(set(self.last_left) | set(self.active)) >= 2
 
     def charge(self, seq: Sequence, num_prompt: int, num_output: int) -> None:
         """Count tokens computed for `seq`'s tenant this step."""
