@@ -85,7 +85,9 @@ def model_figures() -> dict:
 
     text = (ROOT / "tests" / "data" / "heldout.txt").read_text()
     figures: dict = {"settings": []}
-    for settings in ({}, {"quantization": "int8"}, {"kv_cache_dtype": "int8"},
+    for settings in ({}, {"quantization": "int8"},
+                     {"quantization": "int8", "int8_compute": "model"},
+                     {"kv_cache_dtype": "int8"},
                      {"quantization": "int8", "kv_cache_dtype": "int8"}):
         llm = LLM(None, kv_cache_memory=64 << 20, **settings)
         runner = llm.engine.runner
@@ -103,6 +105,7 @@ def model_figures() -> dict:
 
 
 SETTINGS = {"float32": {}, "int8 weights": {"quantization": "int8"},
+            "int8 w, f32 mm": {"quantization": "int8", "int8_compute": "model"},
             "int8 KV": {"kv_cache_dtype": "int8"},
             "both": {"quantization": "int8", "kv_cache_dtype": "int8"}}
 

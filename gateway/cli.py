@@ -130,6 +130,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--quantization", choices=("none", "int8"), default="none",
                         help="weights: int8 keeps projections, embedding and LM head as int8 "
                              "with per-channel scales")
+    worker.add_argument("--int8-compute", choices=("auto", "model", "bfloat16"),
+                        default="auto", help="the dtype int8 weights multiply in (auto: "
+                        "bfloat16 on a CPU with bfloat16 dot products, for a float32 model)")
     worker.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="KV cache: auto (the model dtype) or int8 with a scale per token "
                              "and head")
@@ -178,7 +181,8 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
         prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
         elementwise=args.elementwise,
-        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization, int8_compute=args.int8_compute,
+        kv_cache_dtype=args.kv_cache_dtype,
         speculative=args.speculative,
     )
     scheme = "https" if args.ssl_certfile else "http"

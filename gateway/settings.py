@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     # int8: weights as int8 with per-channel scales; KV as int8 with per-token scales
     # (docs/engine.md, "Quantization")
     embedded_quantization: Literal["none", "int8"] = "none"
+    # The dtype int8 weights multiply in; auto: bfloat16 on a CPU with bfloat16 dot products
+    embedded_int8_compute: Literal["auto", "model", "bfloat16"] = "auto"
     embedded_kv_cache_dtype: Literal["auto", "int8"] = "auto"
     # Speculative decoding, e.g. {"method": "ngram", "num_tokens": 4} (JSON in the env var);
     # None: off (docs/engine.md, "Speculative decoding")

@@ -127,6 +127,7 @@ class GatewayState:
             scheduling_policy=self.settings.embedded_scheduling_policy,
             shared_step_s=self.settings.embedded_shared_step_s,
             quantization=self.settings.embedded_quantization,
+            int8_compute=self.settings.embedded_int8_compute,
             kv_cache_dtype=self.settings.embedded_kv_cache_dtype,
             speculative=self.settings.embedded_speculative,
             enable_lora=self.settings.embedded_enable_lora,

@@ -42,6 +42,9 @@ class EngineArgs:
     # none | int8: projections, embedding and LM head as int8 with per-channel scales
     # (workers/runner/quantization.py)
     quantization: str = "none"
+    # auto | model | bfloat16: the dtype int8 weights are widened to for matmuls; auto is
+    # bfloat16 on a CPU with bfloat16 dot products (AVX512_BF16, AMX) for a float32 model
+    int8_compute: str = "auto"
     # auto (the model dtype) | int8: K/V rows as int8 with a float32 scale per token and head
     kv_cache_dtype: str = "auto"
     # Speculative decoding: None (off) or {"method": "ngram", "num_tokens": k, ...}

@@ -157,6 +157,7 @@ class LLMEngine:
                 linear_backend=args.linear_backend,
                 elementwise=args.elementwise,
                 quantization=args.quantization,
+                int8_compute=args.int8_compute,
                 kv_cache_dtype=args.kv_cache_dtype,
                 draft_model=resolve_model(draft) if draft else None,
             ),

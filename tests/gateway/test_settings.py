@@ -16,3 +16,11 @@ def test_embedded_speculative_is_read_from_json_and_checked(monkeypatch):
         monkeypatch.setenv("SWITCHBOARD_EMBEDDED_SPECULATIVE", bad)
         with pytest.raises(ValidationError, match="embedded_speculative"):
             Settings()
+
+
+def test_embedded_int8_compute_is_checked(monkeypatch):
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_INT8_COMPUTE", "bfloat16")
+    assert Settings().embedded_int8_compute == "bfloat16"
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_INT8_COMPUTE", "int4")
+    with pytest.raises(ValidationError, match="embedded_int8_compute"):
+        Settings()

@@ -31,7 +31,7 @@ from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
-from workers.runner.quantization import quantize
+from workers.runner.quantization import pick_int8_compute, quantize
 from workers.runner.rejection import SpecRow, verify
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 from workers.runner.token_mask import TokenMask
@@ -63,6 +63,7 @@ class RunnerConfig:
     elementwise: str = "auto"  # auto | torch | cpu (workers/runner/cpu_fused.py)
     draft_model: Path | None = None  # speculative decoding's draft (same vocabulary)
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
+    int8_compute: str = "auto"  # auto | model | bfloat16: the dtype int8 weights multiply in
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
 
 
@@ -315,7 +316,8 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,
                                          quantized=config.quantization != "none")
     model.use_linear_kernel(linear_kernel(linear_backend))
-    quantize(model, config.quantization, linear_backend)  # before packing (it refuses it)
+    compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
+    quantize(model, config.quantization, linear_backend, compute)  # before packing
     if linear_backend == "onednn_packed":
         model.pack_linears()
     model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))

@@ -45,9 +45,10 @@ def smollm2_float_ppl() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("settings", [{"quantization": "int8"}, {"kv_cache_dtype": "int8"},
-                                      {"quantization": "int8", "kv_cache_dtype": "int8"}],
-                         ids=["int8-weights", "int8-kv", "both"])
+@pytest.mark.parametrize("settings", [
+    {"quantization": "int8"}, {"quantization": "int8", "int8_compute": "model"},
+    {"kv_cache_dtype": "int8"}, {"quantization": "int8", "kv_cache_dtype": "int8"}],
+    ids=["int8-weights", "int8-weights-float-matmul", "int8-kv", "both"])
 def test_int8_perplexity_within_1_percent_of_float(smollm2_float_ppl, settings):
     llm = LLM(None, kv_cache_memory=64 << 20, **settings)
     got = perplexity(llm.engine.runner, llm.tokenizer.encode(HELD_OUT.read_text()))

@@ -14,15 +14,20 @@ import torch.nn.functional as F
 from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter
 from workers import LLM, SamplingParams
 from workers.runner import quantization
-from workers.runner.linear import onednn_available, onednn_linear
+from workers.runner.linear import onednn_available, onednn_linear, onednn_runs
 from workers.runner.quantization import (
     Int8Embedding,
     Int8Linear,
     int8_linear,
+    pick_int8_compute,
     quantize,
     quantize_per_channel,
     weight_bytes,
 )
+
+CPU = torch.device("cpu")
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_runs(torch.bfloat16),
+                                       reason="oneDNN cannot run bfloat16 on this CPU")
 
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
@@ -63,6 +68,49 @@ def test_half_precision_output_is_scaled_in_float32():
     assert got.dtype == torch.bfloat16 and scale.dtype == torch.float32
     expected = F.linear(x.float(), q.float() * scale[:, None])
     torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_bfloat16_compute_rounds_only_the_activations(rows):
+    """int8 values are exact in bfloat16: the product equals the float one of the rounded
+    activations, up to bfloat16 output rounding, and comes back in the input's float32."""
+    gen = torch.Generator().manual_seed(rows)
+    q, scale = quantize_per_channel(torch.randn(96, 64, generator=gen))
+    assert torch.equal(q.to(torch.bfloat16).float(), q.float())
+    x = torch.randn(rows, 64, generator=gen)
+    b = torch.randn(96, generator=gen)
+    expected = F.linear(x.bfloat16().float(), q.float() * scale[:, None], b)
+    kernels = [F.linear] + ([onednn_linear] if onednn_runs(torch.bfloat16) else [])
+    for kernel in kernels:
+        got = int8_linear(x, q, scale, b, kernel, torch.bfloat16)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, expected, rtol=8e-3, atol=8e-3)
+        assert not torch.equal(got, F.linear(x, q.float() * scale[:, None], b))  # it did round
+
+
+def test_int8_compute_is_picked_by_cpu_flags(monkeypatch):
+    monkeypatch.setattr(quantization, "onednn_runs", lambda dtype: True)
+    monkeypatch.setattr(quantization, "native_bf16", lambda: True)
+    assert pick_int8_compute("auto", CPU, torch.float32) == torch.bfloat16
+    assert pick_int8_compute("auto", CPU, torch.float16) == torch.float16  # not a float32 model
+    assert pick_int8_compute("auto", torch.device("cuda"), torch.float32) == torch.float32
+    assert pick_int8_compute("model", CPU, torch.float32) == torch.float32
+    monkeypatch.setattr(quantization, "native_bf16", lambda: False)  # emulated: slower than f32
+    assert pick_int8_compute("auto", CPU, torch.float32) == torch.float32
+    assert pick_int8_compute("bfloat16", CPU, torch.float32) == torch.bfloat16  # asked for
+    monkeypatch.setattr(quantization, "onednn_runs", lambda dtype: False)
+    with pytest.raises(ValueError, match="cannot run on this CPU"):
+        pick_int8_compute("bfloat16", CPU, torch.float32)
+    with pytest.raises(ValueError, match="int8_compute must be one of"):
+        pick_int8_compute("int4", CPU, torch.float32)
+
+
+def test_native_bf16_reads_the_flags(monkeypatch):
+    flags = "flags\t\t: fpu sse2 avx2 avx512f"
+    monkeypatch.setattr(quantization.cbuild, "cpu_signature", lambda: flags)
+    assert not quantization.native_bf16()
+    monkeypatch.setattr(quantization.cbuild, "cpu_signature", lambda: flags + " avx512_bf16")
+    assert quantization.native_bf16()
 
 
 def _tiny_model(tiny_llama_path: Path, tie: bool = True):
@@ -133,10 +181,31 @@ def prompts() -> list[list[int]]:
 
 
 def test_int8_engine_equals_float_on_grid_weights(grid_llama):
+    """With float32 matmuls (`int8_compute: model`) int8 weights on the grid are exact."""
     float_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20)
-    int8_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, quantization="int8")
+    int8_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, quantization="int8",
+                   int8_compute="model")
     expected = [o.token_ids for o in float_llm.generate(prompts(), PARAMS)]
     assert [o.token_ids for o in int8_llm.generate(prompts(), PARAMS)] == expected
+
+
+@needs_onednn_bf16
+def test_int8_engine_in_bfloat16_matmuls(grid_llama):
+    """Every projection and the head multiply in bfloat16; the model, its norms and the
+    logits stay float32, and the logits stay near the float ones."""
+    from workers.runner.perplexity import perplexity
+
+    float_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20)
+    llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, quantization="int8",
+              int8_compute="bfloat16")
+    model = llm.engine.runner.model
+    linears = [m for m in model.modules() if isinstance(m, Int8Linear)]
+    assert linears and all(m.compute == torch.bfloat16 for m in linears)
+    assert llm.engine.runner.dtype == torch.float32
+    ids = [i for p in prompts() for i in p]
+    got, expected = (perplexity(x.engine.runner, ids) for x in (llm, float_llm))
+    assert got == pytest.approx(expected, rel=0.01)
+    assert len(llm.generate(prompts(), PARAMS)[0].token_ids) == PARAMS.max_tokens
 
 
 def test_int8_engine_with_lora_rows_equals_float(grid_llama, tmp_path):
@@ -145,7 +214,7 @@ def test_int8_engine_with_lora_rows_equals_float(grid_llama, tmp_path):
     outs = []
     for quant in ("none", "int8"):
         llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, enable_lora=True,
-                  quantization=quant)
+                  quantization=quant, int8_compute="model")
         llm.add_lora("a", str(adapter))
         mixed = llm.generate(prompts(), PARAMS, lora=["a", None, "a", None])
         outs.append([o.token_ids for o in mixed])
