@@ -132,7 +132,8 @@ def main() -> None:
         rows.append({"probe": what, "idle_p50_ms": statistics.median(idle),
                      "idle_p99_ms": percentile(idle, 0.99),
                      "busy_p50_ms": statistics.median(busy),
-                     "busy_p99_ms": percentile(busy, 0.99), "busy_n": len(busy)})
+                     "busy_p99_ms": percentile(busy, 0.99), "busy_n": len(busy),
+                     "busy_ms": [round(t, 1) for t in busy]})
     standard = all(getattr(args, k) == v for k, v in DEFAULTS.items())
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("noisy_neighbour-cpu.json" if standard else
