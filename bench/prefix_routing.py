@@ -4,9 +4,12 @@ Each configuration gets a fresh gateway and two fresh workers (empty prefix cach
 loopback, registered in Redis. `--conversations` chats (each with its own ~300-token system
 prompt) run `--turns` turns each, `--concurrency` chats at a time; every turn resends the
 whole conversation plus a new question (as chat clients do) and streams a `--max-tokens`
-answer. Reported per configuration: TTFT p50/p99 over all turns, and the prompt tokens the
-workers computed (queried minus prefix-cache hits, from their /stats). Target: prefix-aware
-computes at least 2x fewer prompt tokens, with a lower TTFT p50.
+answer, then its user thinks for a random while (`--think-s`, exponential, seeded per chat)
+before the next turn, so turns reach the gateway in no fixed order (in lockstep, least-loaded
+routing keeps sending a chat to the same worker by accident). Reported per configuration:
+TTFT p50/p99 over all turns, and the prompt tokens the workers computed (queried minus
+prefix-cache hits, from their /stats). Target: prefix-aware computes at least 2x fewer prompt
+tokens, with a lower TTFT p50.
 
     .venv/bin/python bench/prefix_routing.py [--conversations 8] [--turns 4]
 
@@ -87,9 +90,10 @@ def computed_tokens(workers: list[ServerProcess]) -> int:
     return total
 
 
-def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int
-                 ) -> list[float]:
+def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int,
+                 think_s: float = 0.0) -> list[float]:
     rng = random.Random(seed)
+    think = random.Random(seed + 1_000_003)  # its own stream: the texts stay the same
     messages = [{"role": "system", "content": system_prompt(rng)}]
     ttfts = []
     for turn in range(turns):
@@ -99,6 +103,8 @@ def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int
         ttft, answer = stream_ttft(port, key, messages, max_tokens)
         ttfts.append(ttft)
         messages.append({"role": "assistant", "content": answer})
+        if think_s > 0 and turn + 1 < turns:
+            time.sleep(think.expovariate(1 / think_s))
     return ttfts
 
 
@@ -108,9 +114,12 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         try:
-            workers = [start_worker(tmp, served, f"{served}-{i}") for i in "ab"]
+            workers = [start_worker(tmp, served, f"{served}-{i}", args.kv_cache_mib)
+                       for i in "ab"]
             procs += workers
-            pool = {"prefix_tokenizer": tokenizer} if config == "prefix-aware" else {}
+            pool = {"prefix_tokenizer": tokenizer,
+                    "prefix_load_penalty_tokens": args.penalty_tokens
+                    } if config == "prefix-aware" else {}
             gateway, key = start_gateway(tmp, served, **pool)
             procs.append(gateway)
             before = computed_tokens(workers)
@@ -118,7 +127,7 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
             with ThreadPoolExecutor(args.concurrency) as ex:
                 ttfts = [t for ts in ex.map(
                     lambda seed: conversation(gateway.port, key, seed, args.turns,
-                                              args.max_tokens),
+                                              args.max_tokens, args.think_s),
                     range(args.conversations)) for t in ts]
             wall = time.perf_counter() - t0
             time.sleep(0.2)
@@ -137,6 +146,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--penalty-tokens", type=int, default=256,
+                        help="the pool's prefix_load_penalty_tokens (cached tokens per unit "
+                             "of load)")
+    parser.add_argument("--kv-cache-mib", type=int, default=256,
+                        help="each worker's KV pool (SmolLM2 float32: 45 KiB a token)")
+    parser.add_argument("--think-s", type=float, default=1.0,
+                        help="mean pause between a chat's turns (exponential; 0: none)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
                         "prefix_routing.json")
     args = parser.parse_args(argv)
@@ -150,7 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     base = rows[0]
     print(f"\n{cpu_model()}; {args.conversations} chats x {args.turns} turns, "
-          f"{args.concurrency} at a time, 2 SmolLM2 workers")
+          f"{args.concurrency} at a time, think {args.think_s} s, 2 SmolLM2 workers with "
+          f"{args.kv_cache_mib} MiB of KV each")
     print("| routing | TTFT p50 | TTFT p99 | prompt tokens computed | vs least-loaded | wall |")
     print("|---|---|---|---|---|---|")
     for r in rows:
