@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from gateway.deployments.base import Call
 from gateway.deployments.config import Price
 from gateway.errors import APIError, unavailable
+from gateway.observability.metrics import OTHER
 from gateway.observability.tracing import annotate
 from tenancy.context import KeyContext
 from tenancy.limits import AdmissionRequest, Budget, Decision, Limits
@@ -103,5 +104,17 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
     if not decision.admitted:
         gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
                            model=gw.metrics.model_label(model, adapter=adapter))
+        gw.refusals.remember(decision)
         raise refusal(decision)
     return decision
+
+
+def refuse_if_held(gw: GatewayState, key: KeyContext) -> None:
+    """Before the body is read: a key (or tenant) refused for RPM a moment ago is refused
+    again (gateway/recent_refusals.py). The answer goes out with `connection: close` and the
+    server drops the unread body (gateway/middleware.py). The model is not known yet."""
+    held = gw.refusals.refusal(key)
+    if held is None:
+        return
+    gw.metrics.refused(tenant=key.tenant_id, reason=held.reason, model=OTHER)
+    raise refusal(held)

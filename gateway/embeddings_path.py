@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from billing.pricing import charge
-from gateway.admission import admission_request, admit, ratelimit_headers
+from gateway.admission import admission_request, admit, ratelimit_headers, refuse_if_held
 from gateway.deployments.base import Call, Deployment
 from gateway.deployments.embedding import (
     EmbeddingDeployment,
@@ -58,6 +58,7 @@ async def serve_embeddings(request: Request) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
+    refuse_if_held(gw, key)  # a key over its RPM: its body is not even read
     body = parse_body(await request.body())  # within max_body_bytes (the middleware)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
     with tracing.span("route"):

@@ -1,8 +1,10 @@
 """The request path of a completion, in order. Read this first.
 
-    authenticate key (cached, no DB) -> read and validate the body -> route: the name (a
-    model, an alias, `auto`, or the caller's own LoRA adapter) to the deployments to try, in
-    policy order (cached, 404/403; only deployments that serve every field, else 400) ->
+    authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago is a 429
+    now, its body unread (`gateway.recent_refusals`) -> read and validate the body -> route:
+    the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the deployments
+    to try, in policy order (cached, 404/403; only deployments that serve every field, else
+    400) ->
     estimate the call on the first whose context fits (no tokenizer runs) -> reserve limits
     and budget atomically (429) -> prepare it exactly (the engine tokenizes, in a thread;
     a refusal gives the reservation back) -> response cache lookup
@@ -32,7 +34,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from gateway import answers
-from gateway.admission import admission_request, admit, ratelimit_headers
+from gateway.admission import admission_request, admit, ratelimit_headers, refuse_if_held
 from gateway.deployments.base import Call, Deployment, EngineShare, prepared
 from gateway.errors import APIError, bad_request
 from gateway.observability import tracing as attr
@@ -78,6 +80,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
+    refuse_if_held(gw, key)  # a key over its RPM: its body is not even read
     raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
     body = parse_body(raw, chat=chat)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,

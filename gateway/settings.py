@@ -88,6 +88,10 @@ class Settings(BaseSettings):
 
     # Request handling. Every limit below is listed in docs/security.md.
     max_body_bytes: int = 4 << 20  # counted on the bytes received, whatever the framing
+    # After a key or tenant is refused for requests per minute, its next requests within this
+    # many seconds (or the retry-after, if sooner) are refused before their body is parsed
+    # (gateway/recent_refusals.py); 0: off.
+    rpm_refusal_hold_s: float = Field(default=1.0, ge=0.0, le=60.0)
     # The whole body must arrive within this after the request head, else 408 and the
     # connection is closed; adapter uploads (up to max_adapter_upload_bytes) get their own.
     body_read_timeout_s: float = 30.0

@@ -32,6 +32,7 @@ from gateway.deployments.http_pool import HttpPool
 from gateway.deployments.worker import WorkerDeployment, client_tls
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import Tracing
+from gateway.recent_refusals import RecentRefusals
 from gateway.response_cache import ResponseCache
 from gateway.routing.breaker import BreakerSettings
 from gateway.routing.fallback import Fallbacks
@@ -70,6 +71,7 @@ class GatewayState:
     tracing: Tracing = field(default_factory=Tracing.off)  # docs/observability.md
     discovery: WorkerDiscovery | None = None  # workers that register in Redis
     worker_tls: ssl.SSLContext | None = None  # mutual TLS to workers, when configured
+    refusals: RecentRefusals = field(default_factory=RecentRefusals)  # gateway/recent_refusals
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on its own, kept until done (shutdown awaits what is left), so a
@@ -173,6 +175,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         metrics=metrics,
         tracing=tracing,
         console_sessions=_console_sessions(settings),
+        refusals=RecentRefusals(hold_s=settings.rpm_refusal_hold_s),
         worker_tls=client_tls(ca_file=settings.worker_tls_ca_file,
                               cert_file=settings.worker_tls_cert_file,
                               key_file=settings.worker_tls_key_file),

@@ -84,3 +84,54 @@ async def test_an_exact_refusal_after_admission_gives_the_reservation_back(world
     assert len(seen) == 1
     ok = await client.post("/v1/chat/completions", json=ask("hi"))
     assert ok.status_code == 200, ok.text  # the rpm=2 plan still had room for it
+
+
+@pytest.fixture
+async def flood(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
+    """A 1-RPM tenant and a normal one; every parse of a request body is counted."""
+    from gateway import request_path
+
+    hostile = await seed_tenant(sqlite_url, tmp_path, name="hostile", plan={"rpm": 1})
+    normal = await seed_tenant(sqlite_url, tmp_path, name="normal")
+    engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
+    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    parsed: list[int] = []
+    real = request_path.parse_body
+
+    def counted(raw, **kwargs):
+        parsed.append(len(raw))
+        return real(raw, **kwargs)
+
+    monkeypatch.setattr(request_path, "parse_body", counted)
+    async with gateway_client(cfg, engine=engine) as client:
+        yield client, hostile, normal, parsed
+
+
+async def test_a_key_over_its_rpm_is_refused_before_its_body_is_parsed(flood):
+    client, hostile, normal, parsed = flood
+    first = await client.post("/v1/chat/completions", json=ask("hi"),
+                              headers=bearer(hostile.key))
+    assert first.status_code == 200, first.text
+    second = await client.post("/v1/chat/completions", json=ask("hi"),
+                               headers=bearer(hostile.key))
+    assert second.status_code == 429 and len(parsed) == 2  # the limiter refused it, parsed
+    # Within the hold: a 429 before parsing, even for a body that is not JSON at all (it
+    # would be a 400 if it were parsed) and for one far past any context window.
+    for body in (b"{not json", json_bytes(ask("x " * 200_000))):
+        r = await client.post("/v1/chat/completions", content=body,
+                              headers={**bearer(hostile.key),
+                                       "content-type": "application/json"})
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(r.headers["retry-after"]) <= int(second.headers["retry-after"])
+        assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert len(parsed) == 2
+    ok = await client.post("/v1/chat/completions", json=ask("hi"), headers=bearer(normal.key))
+    assert ok.status_code == 200, ok.text  # another tenant is not held
+    assert len(parsed) == 3
+
+
+def json_bytes(body: dict) -> bytes:
+    import json
+
+    return json.dumps(body).encode()
