@@ -6,6 +6,8 @@ import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from starlette.requests import Request
+
 from gateway.deployments.base import Call
 from gateway.deployments.config import Price
 from gateway.errors import APIError, unavailable
@@ -109,12 +111,15 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
     return decision
 
 
-def refuse_if_held(gw: GatewayState, key: KeyContext) -> None:
-    """Before the body is read: a key (or tenant) refused for RPM a moment ago is refused
-    again (gateway/recent_refusals.py). The answer goes out with `connection: close` and the
-    server drops the unread body (gateway/middleware.py). The model is not known yet."""
+async def refuse_if_held(gw: GatewayState, request: Request, key: KeyContext) -> None:
+    """Before the body is parsed: a key (or tenant) refused for RPM a moment ago is refused
+    again (gateway/recent_refusals.py). Its body is received and dropped, unparsed (the body
+    guard still bounds it): answered before the client has sent it all, the closed connection
+    would reach the client as a reset instead of this 429. The model is not known yet."""
     held = gw.refusals.refusal(key)
     if held is None:
         return
+    async for _ in request.stream():
+        pass
     gw.metrics.refused(tenant=key.tenant_id, reason=held.reason, model=OTHER)
     raise refusal(held)

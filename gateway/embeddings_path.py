@@ -58,7 +58,7 @@ async def serve_embeddings(request: Request) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
-    refuse_if_held(gw, key)  # a key over its RPM: its body is not even read
+    await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     body = parse_body(await request.body())  # within max_body_bytes (the middleware)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
     with tracing.span("route"):

@@ -1,13 +1,13 @@
 """Keys whose requests-per-minute limit refused a request a moment ago: refused again before
-their body is read.
+their body is parsed.
 
 A request's body is read, parsed and estimated before the limiter sees it (the estimate needs
 the prompt). For a key already over its RPM that is wasted work: within its retry-after no
 request of it can be admitted, whatever it carries (the window only fills). A tenant flooding
 the gateway from a 3-RPM key was making the loop parse a 3.5 MB body per refusal. So an RPM
 refusal is remembered, per scope, for `hold_s` (or its retry-after, if sooner), and requests
-of that key or tenant are refused from the memory right after authentication, before their
-body is read (the answer closes the connection, and the server drops the rest unread). Only
+of that key or tenant are refused from the memory right after authentication, their body
+received and dropped unparsed (`gateway.admission.refuse_if_held`). Only
 `rpm` is remembered: a TPM, concurrency or budget refusal depends on the request or on others'
 finishing, so a later request may pass.
 

@@ -1,10 +1,10 @@
 """The request path of a completion, in order. Read this first.
 
     authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago is a 429
-    now, its body unread (`gateway.recent_refusals`) -> read and validate the body -> route:
-    the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the deployments
-    to try, in policy order (cached, 404/403; only deployments that serve every field, else
-    400) ->
+    now, its body dropped unparsed (`gateway.recent_refusals`) -> read and validate the body ->
+    route: the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the
+    deployments to try, in policy order (cached, 404/403; only deployments that serve every
+    field, else 400) ->
     estimate the call on the first whose context fits (no tokenizer runs) -> reserve limits
     and budget atomically (429) -> prepare it exactly (the engine tokenizes, in a thread;
     a refusal gives the reservation back) -> response cache lookup
@@ -80,7 +80,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
     with tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
-    refuse_if_held(gw, key)  # a key over its RPM: its body is not even read
+    await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
     body = parse_body(raw, chat=chat)
     annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
