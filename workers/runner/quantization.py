@@ -18,6 +18,12 @@ value is exactly a bfloat16, so only the activations are rounded (to 8 significa
 oneDNN's bfloat16 matmul does twice float32's multiply-adds per instruction. On a 2-core Zen 4
 EPYC that made a batch-64 step's projections 1.5-2x faster than float32 (docs/benchmarks.md).
 
+Up to `GEMV_ROWS` float32 rows on CPU (decode steps of a few sequences), nothing is cast: a C
+kernel (`workers/runner/cpu_int8.py`) reads each weight row as int8, widens it in registers and
+multiplies it by every row, in float32. Those steps are bound by reading the weights, which
+int8 makes a quarter of float32's bytes: a one-sequence decode step took 0.57x of float32's
+time there, where casting had made it 1.9x.
+
 The tied LM head is quantized with the embedding: the head's per-output-channel scales are
 the embedding's per-row scales, so one int8 table serves token lookups and logits.
 """
@@ -30,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.runner import cbuild
+from workers.runner import cbuild, cpu_int8
 from workers.runner.linear import Linear, LinearKernel, linear_kernel, onednn_runs
 
 QUANTIZATIONS = ("none", "int8")
@@ -43,6 +49,9 @@ _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # head goes in equal tiles, which beat one whole cast 1.3-5.4x (bench/quantization.py). CUDA casts
 # the whole weight at once (a bandwidth-bound kernel there, not a cache question).
 CPU_TILE_BYTES = 8 << 20
+# Up to this many float32 rows on CPU, int8 weights are read as int8 by a C kernel
+# (workers/runner/cpu_int8.py) instead of cast: a few rows are bound by the weight's bytes.
+GEMV_ROWS = 8
 
 _scratch = threading.local()  # one CPU tile buffer per thread: no fresh pages per call
 
@@ -94,6 +103,8 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
     """`F.linear(x, qweight * scale[:, None], bias)`, reading the int8 weight tile by tile;
     the matmul runs in `compute` (x's dtype by default), the result is in x's dtype."""
     dtype = x.dtype
+    if x.shape[0] <= GEMV_ROWS and cpu_int8.fits(x) and cpu_int8.available():
+        return cpu_int8.int8_gemv(x, qweight, scale, bias)  # read as int8: no cast
     if compute is not None and compute != dtype:
         x = x.to(compute)
     out_features, in_features = qweight.shape

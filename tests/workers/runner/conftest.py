@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.runner import cpu_decode, cpu_fused
+from workers.runner import cpu_decode, cpu_fused, cpu_int8
 
 
 def _cpu_flags() -> set[str]:
@@ -36,8 +36,8 @@ def build_targets() -> list[str]:
 def fresh_build(tmp_path, monkeypatch):
     """An empty kernel cache, and no library loaded by an earlier test."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cpu_decode.load_library.cache_clear()
-    cpu_fused.load_library.cache_clear()
+    for module in (cpu_decode, cpu_fused, cpu_int8):
+        module.load_library.cache_clear()
     yield tmp_path / "switchboard" / "kernels"
-    cpu_decode.load_library.cache_clear()
-    cpu_fused.load_library.cache_clear()
+    for module in (cpu_decode, cpu_fused, cpu_int8):
+        module.load_library.cache_clear()

@@ -70,7 +70,7 @@ def test_half_precision_output_is_scaled_in_float32():
     torch.testing.assert_close(got.float(), expected, rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("rows", [1, 64])
+@pytest.mark.parametrize("rows", [quantization.GEMV_ROWS + 1, 64])
 def test_bfloat16_compute_rounds_only_the_activations(rows):
     """int8 values are exact in bfloat16: the product equals the float one of the rounded
     activations, up to bfloat16 output rounding, and comes back in the input's float32."""
@@ -86,6 +86,28 @@ def test_bfloat16_compute_rounds_only_the_activations(rows):
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, expected, rtol=8e-3, atol=8e-3)
         assert not torch.equal(got, F.linear(x, q.float() * scale[:, None], b))  # it did round
+
+
+@pytest.mark.parametrize("compute", [None, torch.bfloat16])
+def test_few_rows_are_read_as_int8_in_float32(monkeypatch, compute):
+    """Up to GEMV_ROWS float32 rows go through the int8 kernel (no cast, float32 sums,
+    whatever `compute` says); one more row goes back to casting."""
+    from workers.runner import cpu_int8
+
+    calls = []
+    real = cpu_int8.int8_gemv
+    monkeypatch.setattr(cpu_int8, "int8_gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gen = torch.Generator().manual_seed(9)
+    q, scale = quantize_per_channel(torch.randn(70, 48, generator=gen))
+    b = torch.randn(70, generator=gen)
+    for rows in range(1, quantization.GEMV_ROWS + 1):
+        x = torch.randn(rows, 48, generator=gen)
+        expected = F.linear(x, q.float() * scale[:, None], b)
+        torch.testing.assert_close(int8_linear(x, q, scale, b, F.linear, compute), expected,
+                                   rtol=1e-5, atol=1e-5)
+    assert len(calls) == quantization.GEMV_ROWS
+    int8_linear(torch.randn(quantization.GEMV_ROWS + 1, 48), q, scale, b, F.linear, compute)
+    assert len(calls) == quantization.GEMV_ROWS
 
 
 def test_int8_compute_is_picked_by_cpu_flags(monkeypatch):
