@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -113,13 +114,15 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
 
 async def refuse_if_held(gw: GatewayState, request: Request, key: KeyContext) -> None:
     """Before the body is parsed: a key (or tenant) refused for RPM a moment ago is refused
-    again (gateway/recent_refusals.py). Its body is received and dropped, unparsed (the body
-    guard still bounds it): answered before the client has sent it all, the closed connection
-    would reach the client as a reset instead of this 429. The model is not known yet."""
+    again, once the hold is over (gateway/recent_refusals.py). Its body is received and
+    dropped, unparsed (the body guard still bounds it): answered before the client has sent
+    it all, the closed connection would reach the client as a reset instead of this 429. The
+    model is not known yet."""
     held = gw.refusals.refusal(key)
     if held is None:
         return
     async for _ in request.stream():
         pass
-    gw.metrics.refused(tenant=key.tenant_id, reason=held.reason, model=OTHER)
-    raise refusal(held)
+    await asyncio.sleep(held.hold_left_s)
+    gw.metrics.refused(tenant=key.tenant_id, reason=held.decision.reason, model=OTHER)
+    raise refusal(held.decision)

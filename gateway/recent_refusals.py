@@ -11,6 +11,12 @@ received and dropped unparsed (`gateway.admission.refuse_if_held`). Only
 `rpm` is remembered: a TPM, concurrency or budget refusal depends on the request or on others'
 finishing, so a later request may pass.
 
+The answer waits out what is left of the hold before it is sent. A client that retries at once
+then sends one request per connection and hold, not hundreds a second: a flood of 429s at 680
+a second from four connections had made the loop itself the bottleneck (/health/live up to
+272 ms). Waiting costs an idle coroutine, and the client had to wait anyway (its retry-after
+is longer than the hold).
+
 The hold is short (1 s by default) because the memory is this replica's alone and a slot can
 come free early (an admission that never ran gives its reservation back, an admin raises a
 limit); within the hold the client gets the same 429 it would have got a moment before.
@@ -25,6 +31,15 @@ from dataclasses import dataclass, replace
 
 from tenancy.context import KeyContext
 from tenancy.limits import Decision
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A held refusal as it stands now: the decision to answer with, and how much longer
+    the hold lasts (the answer waits that out)."""
+
+    decision: Decision
+    hold_left_s: float
 
 
 @dataclass(frozen=True)
@@ -57,9 +72,9 @@ class RecentRefusals:
         while len(self._held) > self.max_scopes:
             self._held.popitem(last=False)
 
-    def refusal(self, key: KeyContext) -> Decision | None:
+    def refusal(self, key: KeyContext) -> Refusal | None:
         """The refusal still in force for this key or its tenant, its waits shortened by the
-        time since; None when neither is held."""
+        time since, and how long it is still held; None when neither is held."""
         if not self._held:
             return None
         now = self._clock()
@@ -72,7 +87,8 @@ class RecentRefusals:
                 continue
             gone = now - held.at
             d = held.decision
-            return replace(d, retry_after_s=max(0.0, d.retry_after_s - gone),
-                           reset_requests_s=None if d.reset_requests_s is None
-                           else max(0.0, d.reset_requests_s - gone))
+            return Refusal(replace(d, retry_after_s=max(0.0, d.retry_after_s - gone),
+                                   reset_requests_s=None if d.reset_requests_s is None
+                                   else max(0.0, d.reset_requests_s - gone)),
+                           held.until - now)
         return None

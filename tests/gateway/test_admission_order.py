@@ -116,11 +116,13 @@ async def test_a_key_over_its_rpm_is_refused_before_its_body_is_parsed(flood):
                                headers=bearer(hostile.key))
     assert second.status_code == 429 and len(parsed) == 2  # the limiter refused it, parsed
     # Within the hold: a 429 before parsing, even for a body that is not JSON at all (it
-    # would be a 400 if it were parsed) and for one far past any context window.
-    for body in (b"{not json", json_bytes(ask("x " * 200_000))):
-        r = await client.post("/v1/chat/completions", content=body,
-                              headers={**bearer(hostile.key),
-                                       "content-type": "application/json"})
+    # would be a 400 if it were parsed) and for one far past any context window. Each answer
+    # waits out the hold, so both are sent inside it, together.
+    headers = {**bearer(hostile.key), "content-type": "application/json"}
+    held = await asyncio.gather(*(
+        client.post("/v1/chat/completions", content=body, headers=headers)
+        for body in (b"{not json", json_bytes(ask("x " * 200_000)))))
+    for r in held:
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert 1 <= int(r.headers["retry-after"]) <= int(second.headers["retry-after"])
@@ -129,6 +131,9 @@ async def test_a_key_over_its_rpm_is_refused_before_its_body_is_parsed(flood):
     ok = await client.post("/v1/chat/completions", json=ask("hi"), headers=bearer(normal.key))
     assert ok.status_code == 200, ok.text  # another tenant is not held
     assert len(parsed) == 3
+    # The held answers came when the hold was over: the next request is read again.
+    after = await client.post("/v1/chat/completions", content=b"{not json", headers=headers)
+    assert after.status_code == 400 and len(parsed) == 4
 
 
 def json_bytes(body: dict) -> bytes:

@@ -34,9 +34,11 @@ def test_a_key_refused_for_rpm_is_held_with_its_waits_shortened():
     memory.remember(rpm("key:k1"))
     clock.now += 0.4
     held = memory.refusal(KEY)
-    assert held is not None and held.reason == "rpm" and held.scope == "key:k1"
-    assert held.retry_after_s == pytest.approx(29.6)
-    assert held.reset_requests_s == pytest.approx(29.6)
+    assert held is not None and held.hold_left_s == pytest.approx(0.6)
+    decision = held.decision
+    assert decision.reason == "rpm" and decision.scope == "key:k1"
+    assert decision.retry_after_s == pytest.approx(29.6)
+    assert decision.reset_requests_s == pytest.approx(29.6)
     assert memory.refusal(SIBLING) is None  # a key scope holds only that key
     assert memory.refusal(STRANGER) is None
     clock.now += 0.6  # the hold is over: the limiter decides again
@@ -55,7 +57,8 @@ def test_the_hold_ends_with_the_retry_after_when_that_is_sooner():
     memory = RecentRefusals(hold_s=5.0, clock=clock)
     memory.remember(rpm("key:k1", retry=0.2))
     clock.now += 0.19
-    assert memory.refusal(KEY) is not None
+    held = memory.refusal(KEY)
+    assert held is not None and held.hold_left_s == pytest.approx(0.01)
     clock.now += 0.02
     assert memory.refusal(KEY) is None
 
