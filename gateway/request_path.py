@@ -1,7 +1,8 @@
 """The request path of a completion, in order. Read this first.
 
-    authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago is a 429
-    now, its body dropped unparsed (`gateway.recent_refusals`) -> read and validate the body ->
+    authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago gets the
+    429 again, its body dropped unparsed (`gateway.recent_refusals`) -> read and validate the
+    body ->
     route: the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the
     deployments to try, in policy order (cached, 404/403; only deployments that serve every
     field, else 400) ->

@@ -45,6 +45,12 @@ def cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as a set (empty where /proc/cpuinfo lists none)."""
+    line = cpu_signature()
+    return set(line.split(":", 1)[1].split()) if line.startswith("flags") else set()
+
+
 def build_and_load(name: str, what: str, march: str = "native") -> ctypes.CDLL:
     """`csrc/<name>.c` as a loaded library for the CPU target `march`, built unless this
     source, these flags and this CPU already have one. Raises RuntimeError naming `what` for

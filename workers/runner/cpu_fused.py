@@ -61,9 +61,6 @@ def pick_elementwise(name: str, device: torch.device, dtype: torch.dtype) -> str
     return "cpu"
 
 
-# `march`: the build target (`cbuild`); the engine uses the native one, tests the others too.
-
-
 def _threads() -> int:
     return torch.get_num_threads()
 
@@ -74,8 +71,8 @@ def silu_mul(gate_up: torch.Tensor, *, march: str = "native") -> torch.Tensor:
     n = width // 2
     assert gate_up.dtype == torch.float32 and gate_up.stride(1) == 1
     out = torch.empty(rows, n, dtype=gate_up.dtype)
-    load_library(march).silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n, gate_up.stride(0),
-                                out.stride(0), _threads())
+    load_library(march).silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n,
+                                     gate_up.stride(0), out.stride(0), _threads())
     return out
 
 
@@ -101,5 +98,6 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     assert x.dtype == cos.dtype == sin.dtype == torch.float32 and x.stride(-1) == 1
     assert positions.dtype == torch.long and positions.is_contiguous()
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] * 2 == head_dim
-    load_library(march).rope_f32(x.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                            tokens, x.stride(0), heads, head_dim, _threads())
+    load_library(march).rope_f32(x.data_ptr(), positions.data_ptr(), cos.data_ptr(),
+                                 sin.data_ptr(), tokens, x.stride(0), heads, head_dim,
+                                 _threads())

@@ -31,7 +31,12 @@ from workers.runner.linear import linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
-from workers.runner.quantization import pick_int8_compute, quantize
+from workers.runner.quantization import (
+    check_int8_compute,
+    check_quantization,
+    pick_int8_compute,
+    quantize,
+)
 from workers.runner.rejection import SpecRow, verify
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 from workers.runner.token_mask import TokenMask
@@ -316,8 +321,10 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,
                                          quantized=config.quantization != "none")
     model.use_linear_kernel(linear_kernel(linear_backend))
-    compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
-    quantize(model, config.quantization, linear_backend, compute)  # before packing
+    check_int8_compute(config.int8_compute)  # probed only where there are int8 weights
+    if check_quantization(config.quantization) != "none":  # before packing (it refuses int8)
+        compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
+        quantize(model, config.quantization, linear_backend, compute)
     if linear_backend == "onednn_packed":
         model.pack_linears()
     model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))

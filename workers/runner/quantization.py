@@ -65,15 +65,19 @@ def check_quantization(name: str) -> str:
 def native_bf16() -> bool:
     """Whether this CPU has bfloat16 dot-product instructions. oneDNN also runs bfloat16 on
     AVX-512 CPUs without them, by emulation, slower than float32: so the flags, not a trial."""
-    return any(flag in cbuild.cpu_signature().split() for flag in _NATIVE_BF16_FLAGS)
+    return not cbuild.cpu_flags().isdisjoint(_NATIVE_BF16_FLAGS)
+
+
+def check_int8_compute(name: str) -> str:
+    if name not in INT8_COMPUTE:
+        raise ValueError(f"int8_compute must be one of {', '.join(INT8_COMPUTE)}")
+    return name
 
 
 def pick_int8_compute(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The dtype int8 weights are widened to for matmuls. Asking for bfloat16 where it
     cannot run is an error, not a silent fallback."""
-    if name not in INT8_COMPUTE:
-        raise ValueError(f"int8_compute must be one of {', '.join(INT8_COMPUTE)}")
-    if name == "model":
+    if check_int8_compute(name) == "model":
         return dtype
     on_cpu = device.type == "cpu"
     if name == "auto":

@@ -4,21 +4,10 @@ can run (each code path of a kernel is one of them)."""
 from __future__ import annotations
 
 import platform
-from pathlib import Path
 
 import pytest
 
-from workers.runner import cpu_decode, cpu_fused, cpu_int8
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from workers.runner import cbuild, cpu_decode, cpu_fused, cpu_int8
 
 
 def build_targets() -> list[str]:
@@ -26,7 +15,7 @@ def build_targets() -> list[str]:
     (where the CPU has AVX2 and FMA) and the SSE2 baseline: what other CPUs build."""
     targets = ["native"]
     if platform.machine() in ("x86_64", "AMD64"):
-        if {"avx2", "fma", "bmi2"} <= _cpu_flags():
+        if {"avx2", "fma", "bmi2"} <= cbuild.cpu_flags():
             targets.append("x86-64-v3")
         targets.append("x86-64")
     return targets

@@ -127,6 +127,18 @@ def test_int8_compute_is_picked_by_cpu_flags(monkeypatch):
         pick_int8_compute("int4", CPU, torch.float32)
 
 
+def test_int8_compute_is_probed_only_for_int8_weights(tiny_llama_path, monkeypatch):
+    """Without int8 weights the setting is checked by name but asks nothing of the CPU."""
+    monkeypatch.setattr(quantization, "onednn_runs", lambda dtype: False)
+    llm = LLM(str(tiny_llama_path), kv_cache_memory=4 << 20, int8_compute="bfloat16")
+    assert not any(isinstance(m, Int8Linear) for m in llm.engine.runner.model.modules())
+    with pytest.raises(ValueError, match="int8_compute must be one of"):
+        LLM(str(tiny_llama_path), kv_cache_memory=4 << 20, int8_compute="int4")
+    with pytest.raises(ValueError, match="cannot run on this CPU"):
+        LLM(str(tiny_llama_path), kv_cache_memory=4 << 20, quantization="int8",
+            int8_compute="bfloat16")
+
+
 def test_native_bf16_reads_the_flags(monkeypatch):
     flags = "flags\t\t: fpu sse2 avx2 avx512f"
     monkeypatch.setattr(quantization.cbuild, "cpu_signature", lambda: flags)
