@@ -7,7 +7,8 @@ one by one. Reported per setting: the short requests' TTFT p50 (and idle: the sa
 requests on an empty engine), the long prompt's TTFT, and the wall time of the whole workload
 (lower is better; the cap may not cost more than a few percent of it). With `--tenants` the
 long prompt and the short requests come from two tenants, so the engine's shared step limit
-(`--shared-step-s`, the engine's default unless given) applies.
+(`--shared-step-s`, the engine's default unless given) applies, and the short requests may
+interject into the long prompt's steps (`--interject-tokens`, likewise).
 
 Usage: .venv/bin/python bench/long_prefill.py [--long 6000] [--caps 0,128,256,512]
 Prints a table last and writes bench/results/long_prefill-cpu.json (a non-default run writes
@@ -55,7 +56,11 @@ async def ttft(engine: AsyncLLMEngine, prompt: list[int], request_id: str,
 
 async def run(cap: int, args: argparse.Namespace, long: list[int],
               shorts: list[list[int]]) -> dict[str, Any]:
-    extra = {} if args.shared_step_s is None else {"shared_step_s": args.shared_step_s}
+    extra: dict[str, Any] = {}
+    if args.shared_step_s is not None:
+        extra["shared_step_s"] = args.shared_step_s
+    if args.interject_tokens is not None:
+        extra["interject_tokens"] = args.interject_tokens
     engine = AsyncLLMEngine(None, max_num_batched_tokens=args.budget,
                             long_prefill_token_threshold=cap, kv_cache_memory=1 << 30, **extra)
     short_tenant, long_tenant = ("short", "long") if args.tenants else (None, None)
@@ -88,6 +93,8 @@ def main() -> None:
                    help="the long prompt and the short requests from two tenants")
     p.add_argument("--shared-step-s", type=float, default=None,
                    help="the engine's step limit while tenants share it (default: the engine's)")
+    p.add_argument("--interject-tokens", type=int, default=None,
+                   help="the engine's interjection limit (0: off; default: the engine's)")
     args = p.parse_args()
     rng = random.Random(0)
     long = [rng.randrange(100, 40000) for _ in range(args.long)]

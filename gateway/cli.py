@@ -109,6 +109,10 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--shared-step-s", type=float, default=0.25,
                         help="while several tenants have work, the longest a step's prompt "
                              "chunks may take (0: no limit)")
+    worker.add_argument("--interject-tokens", type=int, default=None,
+                        help="another tenant's request of at most this many prompt tokens "
+                             "runs between two layers of the step in flight (0: never; "
+                             "default 256 on CPU, 0 on CUDA)")
     worker.add_argument("--scheduling-policy", choices=("fair", "fcfs"), default="fair",
                         help="fair: the least-served tenant's requests first, by plan weight; "
                              "fcfs: priority, then arrival")
@@ -175,7 +179,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
-        shared_step_s=args.shared_step_s,
+        shared_step_s=args.shared_step_s, interject_tokens=args.interject_tokens,
         scheduling_policy=args.scheduling_policy, enable_lora=args.enable_lora,
         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,

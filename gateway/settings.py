@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     # While several tenants have had work in the last 10 s, the longest a step's prompt chunks
     # may take (0: no limit); docs/engine.md "Scheduling".
     embedded_shared_step_s: float = Field(default=0.25, ge=0.0, le=60.0)
+    # Another tenant's request of at most this many prompt tokens runs between two layers of
+    # the step in flight (0: never; None: 256 on CPU, 0 on CUDA); docs/engine.md.
+    embedded_interject_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
     # int8: weights as int8 with per-channel scales; KV as int8 with per-token scales
     # (docs/engine.md, "Quantization")
     embedded_quantization: Literal["none", "int8"] = "none"

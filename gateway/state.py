@@ -128,6 +128,7 @@ class GatewayState:
             long_prefill_token_threshold=self.settings.embedded_long_prefill_token_threshold,
             scheduling_policy=self.settings.embedded_scheduling_policy,
             shared_step_s=self.settings.embedded_shared_step_s,
+            interject_tokens=self.settings.embedded_interject_tokens,
             quantization=self.settings.embedded_quantization,
             int8_compute=self.settings.embedded_int8_compute,
             kv_cache_dtype=self.settings.embedded_kv_cache_dtype,

@@ -16,7 +16,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -73,6 +73,7 @@ class AsyncLLMEngine:
                 self._executor, lambda: LLMEngine.from_args(**self._engine_args)
             )
         self.engine.read_adapters_in_step = False
+        self.engine.arrivals = self
         self._loop = asyncio.get_running_loop()
         self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
 
@@ -203,11 +204,7 @@ class AsyncLLMEngine:
                     await self._wakeup.wait()
                     self._wakeup.clear()
                     continue
-                outputs = await loop.run_in_executor(self._executor, self._step)
-                for output in outputs:
-                    queue = self._streams.get(output.request_id)
-                    if queue is not None:
-                        queue.put_nowait(output.error if isinstance(output, _Refused) else output)
+                self._deliver(await loop.run_in_executor(self._executor, self._step))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # the step failed: fail every stream, loudly
@@ -219,6 +216,42 @@ class AsyncLLMEngine:
                 if kind == "call" and not payload[1].done():
                     payload[1].set_exception(EngineDeadError(f"engine failed: {exc!r}"))
             raise
+
+    def _deliver(self, outputs: Iterable[RequestOutput | _Refused]) -> None:
+        """On the event loop: each output to its request's stream."""
+        for output in outputs:
+            queue = self._streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output.error if isinstance(output, _Refused) else output)
+
+    # ---- requests that arrive while a step runs (LLMEngine.Arrivals) -----------------------
+
+    def admit(self, engine: LLMEngine) -> list[str]:
+        """In the step thread, between two layers: enqueue the adds at the head of the queue
+        (up to the first other operation, which waits for the step's end with what follows
+        it, so operations still apply in order); the ids of the requests enqueued."""
+        if not self._ops or self._ops[0][0] != "add":  # the common case, without the lock
+            return []
+        with self._ops_lock:
+            adds = []
+            while self._ops and self._ops[0][0] == "add":
+                adds.append(self._ops.popleft()[1])
+        taken: list[str] = []
+        refused: list[RequestOutput | _Refused] = []
+        for request_id, prepared, priority in adds:
+            try:
+                if self._add(engine, request_id, prepared, priority):
+                    taken.append(request_id)
+            except InvalidRequestError as exc:
+                refused.append(_Refused(request_id, exc))
+        if refused:
+            self.publish(refused)
+        return taken
+
+    def publish(self, outputs: Iterable[RequestOutput | _Refused]) -> None:
+        """From the step thread: deliver on the event loop now, not when the step ends."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._deliver, outputs)
 
     def _step(self) -> list[RequestOutput | _Refused]:
         """In the step thread: apply queued adds and aborts, then one engine step."""
@@ -285,10 +318,11 @@ class AsyncLLMEngine:
 
     def _add(
         self, engine: LLMEngine, request_id: str, prepared: PreparedRequest, priority: int
-    ) -> None:
+    ) -> bool:
         if request_id not in self._streams:
-            return  # the caller left before its request reached the engine
+            return False  # the caller left before its request reached the engine
         engine.enqueue(request_id, prepared, priority=priority)
+        return True
 
     def _require_engine(self) -> LLMEngine:
         if self.engine is None:

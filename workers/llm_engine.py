@@ -11,8 +11,9 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from workers.config import EngineArgs
 from workers.engine.block_manager import BlockManager
@@ -32,6 +33,7 @@ from workers.engine.step_cost import attention_tokens
 from workers.lora.manager import AdapterStatus, LoRAManager
 
 logger = logging.getLogger(__name__)
+DEFAULT_INTERJECT_TOKENS = 256  # EngineArgs.interject_tokens on CPU
 
 
 class EngineOverloadedError(RuntimeError):
@@ -83,6 +85,19 @@ class _Request:
         return len(self.samples) == self.params.n and all(s.seq.is_finished for s in self.samples)
 
 
+class Arrivals(Protocol):
+    """Where requests that arrive while a step runs come from, and where the outputs of the
+    steps run for them go (the async engine; see `LLMEngine.step`)."""
+
+    def admit(self, engine: LLMEngine) -> list[str]:
+        """Enqueue what has arrived since the step began; the ids of the requests taken."""
+        ...
+
+    def publish(self, outputs: list[RequestOutput]) -> None:
+        """Hand outputs to their streams now, before the step in flight ends."""
+        ...
+
+
 class LLMEngine:
     def __init__(
         self, args: EngineArgs, tokenizer: Any, runner: Any, max_model_len: int,
@@ -111,6 +126,7 @@ class LLMEngine:
                 speculative=SpeculativeConfig.parse(args.speculative),
                 shared_step_s=args.shared_step_s,
                 attention_tokens=attention_tokens(runner.model.config),
+                interject_tokens=_interject_tokens(args, runner),
             ),
             self.block_manager,
             self.loras.pinned_ids if self.loras else None,
@@ -124,6 +140,9 @@ class LLMEngine:
         self._grammars: Any = None  # StructuredBackend, built for the first structured request
         self._grammars_lock = threading.Lock()
         self.spec_stats = SpecStats()
+        self.arrivals: Arrivals | None = None  # None: no step runs inside another
+        self.num_interjections = 0
+        self._interjected_s = 0.0
 
     @classmethod
     def from_args(cls, **kwargs: Any) -> LLMEngine:
@@ -387,6 +406,7 @@ class LLMEngine:
             / max(self.block_manager.num_queried_tokens, 1),
             "prefix_cache_hit_tokens": self.block_manager.num_hit_tokens,
             "prefix_cache_queried_tokens": self.block_manager.num_queried_tokens,
+            "num_interjections": self.num_interjections,
         }
         if self.scheduler.config.speculative is not None:
             stats.update(self.spec_stats.figures())
@@ -417,9 +437,21 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """One step: schedule, run, update. With `arrivals` set, a short request of another
+        tenant that arrives meanwhile is run between two of this step's layers
+        (`_interject`) and answered before this step ends."""
         if self.read_adapters_in_step:
             self._read_parked_adapters()
         sched = self.scheduler.schedule()
+        self._note_scheduled(sched)
+        self._interjected_s = 0.0
+        started = time.perf_counter()
+        results = self.runner.execute(sched, self._interjection_hook(sched))
+        elapsed = time.perf_counter() - started - self._interjected_s
+        self.scheduler.observe_step(sched, elapsed)
+        return self._update(sched, results)
+
+    def _note_scheduled(self, sched: SchedulerOutput) -> None:
         if self.loras is not None:
             self._assign_lora_slots(sched)
         now = time.monotonic()
@@ -430,10 +462,39 @@ class LLMEngine:
             _note_progress(request, self._seqs[chunk.seq_id])
         for seq_id in sched.preempted_seq_ids:
             self._request_of(seq_id).metrics.num_preemptions += 1
+
+    def _interjection_hook(self, sched: SchedulerOutput) -> Callable[[], None] | None:
+        config = self.scheduler.config
+        if (self.arrivals is None or config.interject_tokens <= 0 or config.policy != "fair"
+                or not sched.chunks):
+            return None
+        busy = {self._seqs[c.seq_id].tenant for c in sched.chunks}
+        return lambda: self._interject(busy)
+
+    def _interject(self, busy: set[str | None]) -> None:
+        """Between two layers of the step in flight: take the requests that arrived, and run
+        a step of those that may interject (`Scheduler.schedule_interjection`: tenants with
+        nothing in either step so far), publishing its outputs at once. A tenant interjects
+        once per step in flight, so that step is held up by at most one short step per other
+        tenant. It then resumes where it stopped; its timing leaves this one out."""
+        assert self.arrivals is not None
+        request_ids = self.arrivals.admit(self)
+        if not request_ids:
+            return
         started = time.perf_counter()
-        results = self.runner.execute(sched)
-        self.scheduler.observe_step(sched, time.perf_counter() - started)
-        return self._update(sched, results)
+        arrivals = [sample.seq for request_id in request_ids
+                    if (request := self._requests.get(request_id)) is not None
+                    for sample in request.samples]
+        sched = self.scheduler.schedule_interjection(arrivals, busy)
+        if sched.chunks:
+            busy.update(self._seqs[c.seq_id].tenant for c in sched.chunks)
+            self._note_scheduled(sched)
+            run_started = time.perf_counter()
+            results = self.runner.execute(sched)
+            self.scheduler.observe_step(sched, time.perf_counter() - run_started)
+            self.num_interjections += 1
+            self.arrivals.publish(self._update(sched, results))
+        self._interjected_s += time.perf_counter() - started
 
     def _assign_lora_slots(self, sched: SchedulerOutput) -> None:
         assert self.loras is not None
@@ -653,6 +714,16 @@ class LLMEngine:
             index=index, text=out_text, token_ids=out_tokens,
             finish_reason=str(seq.finish_reason) if seq.finish_reason else None,
             stop_reason=sample.stop_reason, logprobs=out_logprobs)
+
+
+def _interject_tokens(args: EngineArgs, runner: Any) -> int:
+    """`interject_tokens`, with None resolved: on for CPU steps, which are long (a paused
+    step costs nothing there); off on CUDA, where a step is short and the pause would
+    synchronise the device mid-step."""
+    if args.interject_tokens is not None:
+        return args.interject_tokens
+    device = getattr(runner, "device", None)
+    return DEFAULT_INTERJECT_TOKENS if device is None or device.type == "cpu" else 0
 
 
 def _note_progress(request: _Request, seq: Sequence) -> None:

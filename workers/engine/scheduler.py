@@ -100,6 +100,10 @@ class SchedulerConfig:
     shared_step_s: float = 0.0
     sharing_window_s: float = 10.0
     attention_tokens: float = 0.0  # StepCost.attention_tokens for the model (0: not counted)
+    # A request that arrives while a step is in flight, from a tenant with nothing in that
+    # step, and whose whole prompt is at most this many tokens, is run in a step of its own
+    # between two of the running step's layers (`schedule_interjection`; 0: never).
+    interject_tokens: int = 0
 
 
 MIN_SHARED_CHUNK = 16
@@ -205,6 +209,40 @@ class Scheduler:
                 active.add(seq.lora_id)
         for seq in passed_over:
             self.waiting.push(seq)
+        return out
+
+    def schedule_interjection(self, arrivals: list[Sequence], busy: set[str | None]
+                              ) -> SchedulerOutput:
+        """A step for newly arrived requests, run while another step is in flight (paused
+        between two layers). It takes only what needs nobody else's room: a request of a
+        tenant not in `busy` (the tenants of the step in flight), whose whole prompt fits
+        `interject_tokens` with the others taken, and for whom seats, free blocks and an
+        adapter slot are there without preempting anyone. Running sequences are not touched:
+        the step in flight owns their blocks until it ends."""
+        out = SchedulerOutput()
+        budget = self.config.interject_tokens
+        active = self.active_loras()
+        for seq in arrivals:
+            if seq.status is not SequenceStatus.WAITING or seq.tenant in busy:
+                continue
+            width = seq.sampling_params.n if seq.pending_forks else 1
+            if (len(self.running) + width > self.config.max_num_seqs
+                    or not self._lora_fits(seq.lora_id, active) or seq.block_table):
+                continue
+            cached = self.block_manager.match_prefix(seq)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = cached
+            num_new = seq.num_tokens - seq.num_computed_tokens
+            if num_new > budget or not self.block_manager.can_allocate_slots(seq, num_new):
+                self.block_manager.free(seq)  # hand the matched blocks back (still cached)
+                continue
+            self.waiting.remove(seq)
+            seq.status = SequenceStatus.RUNNING
+            out.chunks.append(self._allocate(seq, num_new, out))
+            bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+            if seq.lora_id is not None:
+                active.add(seq.lora_id)
+            budget -= num_new
         return out
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:

@@ -11,6 +11,7 @@ of a C kernel (`cpu_fused`), otherwise PyTorch's ops.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -188,16 +189,22 @@ class LlamaModel(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
         block_size: int, lora: LoRABatch | None = None,
+        between_layers: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        """Final hidden states for every token of the flattened batch."""
+        """Final hidden states for every token of the flattened batch. `between_layers` is
+        called after every layer but the last: another step may run there (the engine's
+        interjections), as nothing of this one lives outside these locals in between."""
         residual = self.embed_tokens(input_ids)
         if self.elementwise == "cpu":
             rope: Rope = (positions, self.rotary.cos, self.rotary.sin)
         else:
             rope = self.rotary.tables(positions)
         x = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = layer(rope, x, residual, kv_cache, meta, block_size, lora)
+            if between_layers is not None and i < last:
+                between_layers()
         return self.norm.add_norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ matcher, filled on the CPU while the device computes the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,9 @@ class ModelRunner:
                             shapes=projection_shapes(self.model), dtype=self.dtype)
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> dict[int, SampleResult]:
+    def execute(self, sched: SchedulerOutput,
+                between_layers: Callable[[], None] | None = None) -> dict[int, SampleResult]:
+        """Run the step; `between_layers` is handed to the model (`LlamaModel.forward`)."""
         for seq_id in sched.finished_seq_ids:
             self._generators.pop(seq_id, None)
         if self.draft is not None:
@@ -190,7 +193,7 @@ class ModelRunner:
             r.start_pos if len(r.token_ids) == 1 else 0))
         input_ids, positions, meta, ends = self._prepare(rows)
         hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size,
-                            self._lora_batch(rows))
+                            self._lora_batch(rows), between_layers)
         plain = [c for c in sched.chunks if c.num_samples and not c.draft_token_ids]
         spec = [c for c in sched.chunks if c.num_samples and c.draft_token_ids]
         if not plain and not spec:

@@ -1,0 +1,110 @@
+"""`Scheduler.schedule_interjection`: a step for requests that arrive while another is in
+flight, which must never touch what that step owns."""
+
+from __future__ import annotations
+
+from tests.workers.engine.helpers import make_seq
+from workers.engine.block_manager import BlockManager
+from workers.engine.scheduler import Scheduler, SchedulerConfig
+from workers.engine.sequence import SequenceStatus
+
+
+def make_scheduler(num_blocks: int = 32, interject: int = 16, max_seqs: int = 8,
+                   caching: bool = False) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(max_num_seqs=max_seqs, max_num_batched_tokens=16,
+                        interject_tokens=interject),
+        BlockManager(num_blocks, 4, enable_caching=caching),
+    )
+
+
+def in_flight(sched: Scheduler, num_prompt: int = 40, tenant: str = "a"):
+    """Tenant a's long prompt, its first chunk scheduled: the step in flight."""
+    long = make_seq(num_prompt, tenant=tenant)
+    sched.add(long)
+    out = sched.schedule()
+    assert [(c.seq_id, c.num_tokens) for c in out.chunks] == [(long.seq_id, 16)]
+    return long
+
+
+def test_a_short_arrival_of_another_tenant_runs_whole_in_free_blocks():
+    sched = make_scheduler()
+    long = in_flight(sched)
+    short = make_seq(6, tenant="b")
+    sched.add(short)
+    out = sched.schedule_interjection([short], busy={"a"})
+    assert [(c.seq_id, c.start_pos, c.num_tokens, c.num_samples) for c in out.chunks] == [
+        (short.seq_id, 0, 6, 1)]
+    assert short.block_table == [4, 5]  # past the step in flight's four
+    assert long.block_table == [0, 1, 2, 3] and long.num_computed_tokens == 16
+    assert short.status is SequenceStatus.RUNNING and not sched.waiting
+    assert [s.seq_id for s in sched.running] == [long.seq_id, short.seq_id]
+    assert sched.share.tokens["b"] == 6
+
+
+def test_the_tenants_of_the_step_in_flight_do_not_interject():
+    sched = make_scheduler()
+    in_flight(sched)
+    own = make_seq(6, tenant="a")
+    sched.add(own)
+    assert sched.schedule_interjection([own], busy={"a"}).chunks == []
+    assert own.status is SequenceStatus.WAITING and own.block_table == []
+    assert list(sched.waiting) == [own]
+
+
+def test_a_prompt_over_the_limit_waits_for_the_next_step():
+    sched = make_scheduler(interject=16)
+    in_flight(sched)
+    longer = make_seq(17, tenant="b")
+    sched.add(longer)
+    assert sched.schedule_interjection([longer], busy={"a"}).chunks == []
+    assert longer.block_table == [] and longer.num_computed_tokens == 0
+    out = sched.schedule()  # the next ordinary step admits it as usual
+    assert longer.seq_id in [c.seq_id for c in out.chunks]
+
+
+def test_arrivals_share_the_limit_in_order():
+    sched = make_scheduler(interject=16)
+    in_flight(sched)
+    first, second, third = (make_seq(n, tenant=t) for n, t in ((10, "b"), (8, "c"), (6, "d")))
+    for seq in (first, second, third):
+        sched.add(seq)
+    out = sched.schedule_interjection([first, second, third], busy={"a"})
+    assert [(c.seq_id, c.num_tokens) for c in out.chunks] == [
+        (first.seq_id, 10), (third.seq_id, 6)]
+    assert second.status is SequenceStatus.WAITING
+
+
+def test_no_one_is_preempted_for_an_interjection():
+    sched = make_scheduler(num_blocks=5)
+    long = in_flight(sched)  # holds four of the five blocks
+    short = make_seq(6, tenant="b")  # needs two
+    sched.add(short)
+    out = sched.schedule_interjection([short], busy={"a"})
+    assert out.chunks == [] and out.preempted_seq_ids == []
+    assert sched.running == [long] and long.block_table == [0, 1, 2, 3]
+    assert short.block_table == [] and sched.block_manager.num_free_blocks == 1
+
+
+def test_no_seat_no_interjection():
+    sched = make_scheduler(max_seqs=1)
+    in_flight(sched)
+    short = make_seq(4, tenant="b")
+    sched.add(short)
+    assert sched.schedule_interjection([short], busy={"a"}).chunks == []
+
+
+def test_an_interjection_reuses_cached_prefix_blocks():
+    sched = make_scheduler(caching=True)
+    done = make_seq(9, tenant="b")
+    done.cache_salt = "b"
+    sched.add(done)
+    sched.schedule()
+    sched.finish(done)  # its two full blocks stay cached under salt b
+    in_flight(sched)
+    again = make_seq(9, tenant="b")
+    again.cache_salt = "b"
+    sched.add(again)
+    out = sched.schedule_interjection([again], busy={"a"})
+    assert [(c.start_pos, c.num_tokens) for c in out.chunks] == [(8, 1)]
+    assert again.block_table == [0, 1, 7] and again.num_cached_tokens == 8
