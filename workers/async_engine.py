@@ -226,27 +226,24 @@ class AsyncLLMEngine:
 
     # ---- requests that arrive while a step runs (LLMEngine.Arrivals) -----------------------
 
-    def admit(self, engine: LLMEngine) -> list[str]:
+    def admit(self, engine: LLMEngine) -> None:
         """In the step thread, between two layers: enqueue the adds at the head of the queue
         (up to the first other operation, which waits for the step's end with what follows
-        it, so operations still apply in order); the ids of the requests enqueued."""
+        it, so operations still apply in order)."""
         if not self._ops or self._ops[0][0] != "add":  # the common case, without the lock
-            return []
+            return
         with self._ops_lock:
             adds = []
             while self._ops and self._ops[0][0] == "add":
                 adds.append(self._ops.popleft()[1])
-        taken: list[str] = []
         refused: list[RequestOutput | _Refused] = []
         for request_id, prepared, priority in adds:
             try:
-                if self._add(engine, request_id, prepared, priority):
-                    taken.append(request_id)
+                self._add(engine, request_id, prepared, priority)
             except InvalidRequestError as exc:
                 refused.append(_Refused(request_id, exc))
         if refused:
             self.publish(refused)
-        return taken
 
     def publish(self, outputs: Iterable[RequestOutput | _Refused]) -> None:
         """From the step thread: deliver on the event loop now, not when the step ends."""
@@ -318,11 +315,10 @@ class AsyncLLMEngine:
 
     def _add(
         self, engine: LLMEngine, request_id: str, prepared: PreparedRequest, priority: int
-    ) -> bool:
+    ) -> None:
         if request_id not in self._streams:
-            return False  # the caller left before its request reached the engine
+            return  # the caller left before its request reached the engine
         engine.enqueue(request_id, prepared, priority=priority)
-        return True
 
     def _require_engine(self) -> LLMEngine:
         if self.engine is None:

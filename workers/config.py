@@ -24,8 +24,9 @@ class EngineArgs:
     # may take at most this long at the measured speed (0: no limit); SchedulerConfig.
     shared_step_s: float = 0.25
     # A short request (whole prompt at most this many tokens) of a tenant with nothing in the
-    # step in flight runs in a step of its own between two of that step's layers, instead of
-    # waiting for it to end; once per tenant and step (0: never; None: 256 on CPU, 0 on CUDA).
+    # step in flight, and not ahead of its tenants by more than that, runs in a step of its
+    # own between two of that step's layers instead of waiting for it to end (0: never;
+    # None: 256 on CPU, 0 on CUDA); Scheduler.schedule_interjection.
     interject_tokens: int | None = None
     # fair: the least-served tenant's requests are admitted first, by weight (VTC,
     # workers/engine/fair_share.py); fcfs: priority, then arrival, whoever sent them

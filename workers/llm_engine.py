@@ -89,8 +89,8 @@ class Arrivals(Protocol):
     """Where requests that arrive while a step runs come from, and where the outputs of the
     steps run for them go (the async engine; see `LLMEngine.step`)."""
 
-    def admit(self, engine: LLMEngine) -> list[str]:
-        """Enqueue what has arrived since the step began; the ids of the requests taken."""
+    def admit(self, engine: LLMEngine) -> None:
+        """Enqueue (`engine.enqueue`) what has arrived since the step began."""
         ...
 
     def publish(self, outputs: list[RequestOutput]) -> None:
@@ -143,6 +143,7 @@ class LLMEngine:
         self.arrivals: Arrivals | None = None  # None: no step runs inside another
         self.num_interjections = 0
         self._interjected_s = 0.0
+        self._num_enqueued = 0
 
     @classmethod
     def from_args(cls, **kwargs: Any) -> LLMEngine:
@@ -275,6 +276,7 @@ class LLMEngine:
         seq = self._new_sequence(request, list(token_ids), 0, priority, next(self._arrivals))
         seq.pending_forks = params.n - 1
         self._requests[request_id] = request
+        self._num_enqueued += 1
         if loras is not None and entry is not None:
             loras.acquire(entry)
             if entry.adapter is None:  # evicted to disk: wait for the read, off the queue
@@ -464,30 +466,32 @@ class LLMEngine:
             self._request_of(seq_id).metrics.num_preemptions += 1
 
     def _interjection_hook(self, sched: SchedulerOutput) -> Callable[[], None] | None:
+        """The step's `between_layers`: at its first layer boundary, and at each later one
+        where requests arrived, a step for waiting requests may run (`_interject`)."""
         config = self.scheduler.config
         if (self.arrivals is None or config.interject_tokens <= 0 or config.policy != "fair"
                 or not sched.chunks):
             return None
-        busy = {self._seqs[c.seq_id].tenant for c in sched.chunks}
-        return lambda: self._interject(busy)
+        first = [True]
 
-    def _interject(self, busy: set[str | None]) -> None:
-        """Between two layers of the step in flight: take the requests that arrived, and run
-        a step of those that may interject (`Scheduler.schedule_interjection`: tenants with
-        nothing in either step so far), publishing its outputs at once. A tenant interjects
-        once per step in flight, so that step is held up by at most one short step per other
-        tenant. It then resumes where it stopped; its timing leaves this one out."""
+        def between_layers() -> None:
+            enqueued = self._num_enqueued
+            assert self.arrivals is not None
+            self.arrivals.admit(self)
+            if first[0] or self._num_enqueued != enqueued:
+                first[0] = False
+                self._interject(sched)
+
+        return between_layers
+
+    def _interject(self, in_flight: SchedulerOutput) -> None:
+        """Between two layers of the step in flight: run a step of the waiting requests that
+        may interject (`Scheduler.schedule_interjection`), publishing its outputs at once.
+        The step in flight then resumes where it stopped; its timing leaves this one out."""
         assert self.arrivals is not None
-        request_ids = self.arrivals.admit(self)
-        if not request_ids:
-            return
         started = time.perf_counter()
-        arrivals = [sample.seq for request_id in request_ids
-                    if (request := self._requests.get(request_id)) is not None
-                    for sample in request.samples]
-        sched = self.scheduler.schedule_interjection(arrivals, busy)
+        sched = self.scheduler.schedule_interjection(in_flight)
         if sched.chunks:
-            busy.update(self._seqs[c.seq_id].tenant for c in sched.chunks)
             self._note_scheduled(sched)
             run_started = time.perf_counter()
             results = self.runner.execute(sched)

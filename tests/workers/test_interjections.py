@@ -46,14 +46,11 @@ class Scripted:
         self.published: list = []
         self.num_admits = 0
 
-    def admit(self, engine: LLMEngine) -> list[str]:
+    def admit(self, engine: LLMEngine) -> None:
         self.num_admits += 1
-        taken = []
         for request_id, prompt, max_tokens, tenant in self.pending:
             engine.add_request(request_id, prompt, params(max_tokens), tenant=tenant)
-            taken.append(request_id)
         self.pending = []
-        return taken
 
     def publish(self, outputs: list) -> None:
         self.published.extend(outputs)
@@ -164,22 +161,36 @@ async def last(stream):
     return outputs[-1]
 
 
-def test_a_tenant_interjects_once_per_step_in_flight(tiny_llama_path):
-    """b's second request, arriving at the second layer boundary, waits for the step's end;
-    c's, at the same boundary, interjects."""
+def test_arrivals_at_a_later_layer_boundary_interject_too(tiny_llama_path):
+    """b's first request interjects after the first layer; its second and c's, arriving
+    after the second, interject together (b is not in the step in flight, and not ahead)."""
     engine = make_engine(tiny_llama_path)
     engine.add_request("a", LONG, params(6), tenant="a")
     engine.arrivals = arrivals = Scripted(("b", SHORT, 5, "b"))
     later = [("b2", SHORT, 5, "b"), ("c", SHORT, 5, "c")]
     admit = arrivals.admit
 
-    def admit_then_more(engine: LLMEngine) -> list[str]:
-        taken = admit(engine)
+    def admit_then_more(engine: LLMEngine) -> None:
+        admit(engine)
         arrivals.pending, later[:] = later[:], []
-        return taken
 
     arrivals.admit = admit_then_more
     engine.step()
-    assert [(o.request_id, len(o.token_ids)) for o in arrivals.published] == [("b", 1), ("c", 1)]
-    assert engine.num_interjections == 2
-    assert [s.request_id for s in engine.scheduler.waiting] == ["b2"]
+    published = [(o.request_id, len(o.token_ids)) for o in arrivals.published]
+    assert published[0] == ("b", 1) and sorted(published[1:]) == [("b2", 1), ("c", 1)]
+    assert engine.num_interjections == 2 and not engine.scheduler.waiting
+
+
+def test_a_request_queued_before_the_step_but_left_out_of_it_interjects(tiny_llama_path):
+    """b's request is queued just before a step that a's prefill fills (b is a little ahead
+    of a, so a goes first; no cap leaves room for it); it interjects at the step's first
+    layer boundary instead of waiting for its end."""
+    engine = make_engine(tiny_llama_path, long_prefill_token_threshold=0)
+    engine.arrivals = arrivals = Scripted()
+    engine.add_request("a", LONG, params(6), tenant="a")
+    engine.step()  # a's first 32 tokens: a's counter is 32
+    engine.scheduler.share.counters["b"] = 40.0
+    engine.add_request("b", SHORT, params(5), tenant="b")
+    engine.step()
+    assert [(o.request_id, len(o.token_ids)) for o in arrivals.published] == [("b", 1)]
+    assert engine.num_interjections == 1

@@ -125,6 +125,21 @@ class FairQueue:
                 return True
         return False
 
+    def candidates(self, exclude: set[str | None], max_counter: float, per_tenant: int
+                   ) -> list[Sequence]:
+        """The first `per_tenant` waiting requests of each tenant not in `exclude` whose
+        counter is at most `max_counter`, least-served tenant first (for interjections:
+        without sorting the whole queue)."""
+        picked = []
+        for tenant, heap in self._heaps.items():
+            if tenant in exclude or not heap:
+                continue
+            counter = self.share.counters.get(tenant, 0.0)
+            if counter <= max_counter:
+                picked.extend((counter, key, seq) for key, seq in heapq.nsmallest(per_tenant, heap))
+        picked.sort(key=lambda entry: entry[:2])
+        return [seq for _, _, seq in picked]
+
     def __len__(self) -> int:
         return self._size
 

@@ -101,12 +101,13 @@ class SchedulerConfig:
     sharing_window_s: float = 10.0
     attention_tokens: float = 0.0  # StepCost.attention_tokens for the model (0: not counted)
     # A request that arrives while a step is in flight, from a tenant with nothing in that
-    # step, and whose whole prompt is at most this many tokens, is run in a step of its own
+    # step, and whose whole prompt is at most this many tokens, may run in a step of its own
     # between two of the running step's layers (`schedule_interjection`; 0: never).
     interject_tokens: int = 0
 
 
 MIN_SHARED_CHUNK = 16
+MAX_INTERJECT_PER_TENANT = 8  # waiting requests of one tenant an interjection looks at
 
 
 POLICIES = ("fair", "fcfs")
@@ -194,9 +195,12 @@ class Scheduler:
                     seq.num_cached_tokens = cached
             num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new > 1:
+                wanted = num_new
                 num_new = shared.take(num_new, seq.num_computed_tokens)
-                if num_new == 0:
-                    self.block_manager.free(seq)  # the step is full: it starts next step
+                if num_new < min(wanted, MIN_SHARED_CHUNK):
+                    # the step is full, or has room for a sliver only (which would leave it
+                    # running behind others' prefills): it starts next step
+                    self.block_manager.free(seq)
                     break
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
@@ -211,24 +215,30 @@ class Scheduler:
             self.waiting.push(seq)
         return out
 
-    def schedule_interjection(self, arrivals: list[Sequence], busy: set[str | None]
-                              ) -> SchedulerOutput:
-        """A step for newly arrived requests, run while another step is in flight (paused
-        between two layers). It takes only what needs nobody else's room: a request of a
-        tenant not in `busy` (the tenants of the step in flight), whose whole prompt fits
-        `interject_tokens` with the others taken, and for whom seats, free blocks and an
-        adapter slot are there without preempting anyone. Running sequences are not touched:
-        the step in flight owns their blocks until it ends."""
+    def schedule_interjection(self, in_flight: SchedulerOutput) -> SchedulerOutput:
+        """A step run while `in_flight` is paused between two layers, for waiting requests
+        that need nobody else's room (fair policy only). A request qualifies when its tenant
+        has nothing in `in_flight` and is served at most `interject_tokens` more than the
+        least-served tenant there (so interjecting again and again cannot take more than a
+        fair share), its whole prompt fits `interject_tokens` with the others taken, and
+        seats, free blocks and an adapter slot are there without preempting anyone. Running
+        sequences are not touched: the step in flight owns their blocks."""
         out = SchedulerOutput()
+        if not isinstance(self.waiting, FairQueue) or not self.waiting:
+            return out
+        live = {s.seq_id: s for s in self.running}
+        stepping = [live[c.seq_id] for c in in_flight.chunks if c.seq_id in live]
+        busy = {s.tenant for s in stepping}
+        level = min((self.share.counter(s) for s in stepping), default=0.0)
         budget = self.config.interject_tokens
         active = self.active_loras()
-        for seq in arrivals:
-            if seq.status is not SequenceStatus.WAITING or seq.tenant in busy:
-                continue
+        for seq in self.waiting.candidates(busy, level + budget, MAX_INTERJECT_PER_TENANT):
             width = seq.sampling_params.n if seq.pending_forks else 1
             if (len(self.running) + width > self.config.max_num_seqs
-                    or not self._lora_fits(seq.lora_id, active) or seq.block_table):
-                continue
+                    or not self._lora_fits(seq.lora_id, active)
+                    or seq.num_tokens > budget + self.block_manager.block_size * (
+                        (seq.num_tokens - 1) // self.block_manager.block_size)):
+                continue  # no seat or slot; or too long even if all but its tail is cached
             cached = self.block_manager.match_prefix(seq)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = cached
@@ -243,6 +253,8 @@ class Scheduler:
             if seq.lora_id is not None:
                 active.add(seq.lora_id)
             budget -= num_new
+            if budget <= 0:
+                break
         return out
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:

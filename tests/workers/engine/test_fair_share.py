@@ -176,3 +176,16 @@ def test_a_tenant_shut_out_of_every_seat_gets_one():
             assert out.preempted_seq_ids == []
             assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [
                 (a1.seq_id, 1), (a2.seq_id, 1)]
+
+
+def test_interjection_candidates_skip_busy_and_ahead_tenants_without_sorting_all():
+    share = FairShare()
+    queue = FairQueue(share)
+    seqs = {t: [make_seq(4, tenant=t) for _ in range(3)] for t in ("a", "b", "c", "d")}
+    for group in seqs.values():
+        for seq in group:
+            queue.push(seq)
+    share.counters.update(a=0.0, b=5.0, c=1.0, d=9.0)
+    picked = queue.candidates({"a"}, max_counter=5.0, per_tenant=2)
+    assert picked == [*seqs["c"][:2], *seqs["b"][:2]]  # c is less served; d is too far ahead
+    assert len(queue) == 12  # nothing taken

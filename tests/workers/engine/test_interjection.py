@@ -24,15 +24,15 @@ def in_flight(sched: Scheduler, num_prompt: int = 40, tenant: str = "a"):
     sched.add(long)
     out = sched.schedule()
     assert [(c.seq_id, c.num_tokens) for c in out.chunks] == [(long.seq_id, 16)]
-    return long
+    return long, out
 
 
 def test_a_short_arrival_of_another_tenant_runs_whole_in_free_blocks():
     sched = make_scheduler()
-    long = in_flight(sched)
+    long, step = in_flight(sched)
     short = make_seq(6, tenant="b")
     sched.add(short)
-    out = sched.schedule_interjection([short], busy={"a"})
+    out = sched.schedule_interjection(step)
     assert [(c.seq_id, c.start_pos, c.num_tokens, c.num_samples) for c in out.chunks] == [
         (short.seq_id, 0, 6, 1)]
     assert short.block_table == [4, 5]  # past the step in flight's four
@@ -44,43 +44,44 @@ def test_a_short_arrival_of_another_tenant_runs_whole_in_free_blocks():
 
 def test_the_tenants_of_the_step_in_flight_do_not_interject():
     sched = make_scheduler()
-    in_flight(sched)
+    _, step = in_flight(sched)
     own = make_seq(6, tenant="a")
     sched.add(own)
-    assert sched.schedule_interjection([own], busy={"a"}).chunks == []
+    assert sched.schedule_interjection(step).chunks == []
     assert own.status is SequenceStatus.WAITING and own.block_table == []
     assert list(sched.waiting) == [own]
 
 
 def test_a_prompt_over_the_limit_waits_for_the_next_step():
     sched = make_scheduler(interject=16)
-    in_flight(sched)
+    _, step = in_flight(sched)
     longer = make_seq(17, tenant="b")
     sched.add(longer)
-    assert sched.schedule_interjection([longer], busy={"a"}).chunks == []
+    assert sched.schedule_interjection(step).chunks == []
     assert longer.block_table == [] and longer.num_computed_tokens == 0
     out = sched.schedule()  # the next ordinary step admits it as usual
     assert longer.seq_id in [c.seq_id for c in out.chunks]
 
 
-def test_arrivals_share_the_limit_in_order():
+def test_waiting_requests_share_the_limit_least_served_first():
+    """b, c and d arrive in that order, each lifted to just under the least served active
+    counter, so d is least served, then c: their 6 and 8 tokens fit the 16, b's 10 do not."""
     sched = make_scheduler(interject=16)
-    in_flight(sched)
-    first, second, third = (make_seq(n, tenant=t) for n, t in ((10, "b"), (8, "c"), (6, "d")))
-    for seq in (first, second, third):
+    _, step = in_flight(sched)
+    b, c, d = (make_seq(n, tenant=t) for n, t in ((10, "b"), (8, "c"), (6, "d")))
+    for seq in (b, c, d):
         sched.add(seq)
-    out = sched.schedule_interjection([first, second, third], busy={"a"})
-    assert [(c.seq_id, c.num_tokens) for c in out.chunks] == [
-        (first.seq_id, 10), (third.seq_id, 6)]
-    assert second.status is SequenceStatus.WAITING
+    out = sched.schedule_interjection(step)
+    assert [(ch.seq_id, ch.num_tokens) for ch in out.chunks] == [(d.seq_id, 6), (c.seq_id, 8)]
+    assert b.status is SequenceStatus.WAITING and list(sched.waiting) == [b]
 
 
 def test_no_one_is_preempted_for_an_interjection():
     sched = make_scheduler(num_blocks=5)
-    long = in_flight(sched)  # holds four of the five blocks
+    long, step = in_flight(sched)  # holds four of the five blocks
     short = make_seq(6, tenant="b")  # needs two
     sched.add(short)
-    out = sched.schedule_interjection([short], busy={"a"})
+    out = sched.schedule_interjection(step)
     assert out.chunks == [] and out.preempted_seq_ids == []
     assert sched.running == [long] and long.block_table == [0, 1, 2, 3]
     assert short.block_table == [] and sched.block_manager.num_free_blocks == 1
@@ -88,10 +89,10 @@ def test_no_one_is_preempted_for_an_interjection():
 
 def test_no_seat_no_interjection():
     sched = make_scheduler(max_seqs=1)
-    in_flight(sched)
+    _, step = in_flight(sched)
     short = make_seq(4, tenant="b")
     sched.add(short)
-    assert sched.schedule_interjection([short], busy={"a"}).chunks == []
+    assert sched.schedule_interjection(step).chunks == []
 
 
 def test_an_interjection_reuses_cached_prefix_blocks():
@@ -101,10 +102,23 @@ def test_an_interjection_reuses_cached_prefix_blocks():
     sched.add(done)
     sched.schedule()
     sched.finish(done)  # its two full blocks stay cached under salt b
-    in_flight(sched)
+    _, step = in_flight(sched)
     again = make_seq(9, tenant="b")
     again.cache_salt = "b"
     sched.add(again)
-    out = sched.schedule_interjection([again], busy={"a"})
+    out = sched.schedule_interjection(step)
     assert [(c.start_pos, c.num_tokens) for c in out.chunks] == [(8, 1)]
     assert again.block_table == [0, 1, 7] and again.num_cached_tokens == 8
+
+
+def test_a_tenant_ahead_of_the_step_by_more_than_the_limit_waits():
+    """a was charged 16 for its chunk; with a limit of 16, b may interject while its
+    counter is at most 32: interjecting again and again cannot outrun a fair share."""
+    sched = make_scheduler(interject=16)
+    _, step = in_flight(sched)
+    ahead, level = make_seq(4, tenant="b"), make_seq(4, tenant="c")
+    sched.share.counters.update(b=32.5, c=32.0)
+    for seq in (ahead, level):
+        sched.add(seq)
+    out = sched.schedule_interjection(step)
+    assert [c.seq_id for c in out.chunks] == [level.seq_id]

@@ -121,3 +121,18 @@ def test_a_newcomer_is_admitted_within_what_is_left_or_waits_a_step():
         else:
             assert out[0] == (a.seq_id, 100, 100) and all(c[0] != b.seq_id for c in out)
             assert b.block_table == [] and b in list(sched.waiting)
+
+
+def test_a_newcomer_does_not_start_with_a_sliver_of_the_room():
+    """A's last 95 prompt tokens and C's 2 leave 3 units of the 100: B's 50-token prompt
+    would start with 3 tokens and then run behind A's prefills step after step. It waits a
+    step instead, its blocks handed back."""
+    sched = make_scheduler(shared_step_s=0.1, policy="fcfs")
+    a, c = make_seq(195, tenant="a"), make_seq(2, tenant="c", max_tokens=1)
+    sched.add(a)
+    sched.add(c)
+    assert chunks(sched.schedule()) == [(a.seq_id, 0, 100)]
+    b = make_seq(50, tenant="b")
+    sched.add(b)
+    assert chunks(sched.schedule()) == [(a.seq_id, 100, 95), (c.seq_id, 0, 2)]
+    assert b.block_table == [] and list(sched.waiting) == [b]
