@@ -23,10 +23,10 @@ class EngineArgs:
     # While two or more tenants have had work in the last 10 s, the prompt chunks of one step
     # may take at most this long at the measured speed (0: no limit); SchedulerConfig.
     shared_step_s: float = 0.25
-    # A short request (whole prompt at most this many tokens) of a tenant with nothing in the
-    # step in flight, and not ahead of its tenants by more than that, runs in a step of its
-    # own between two of that step's layers instead of waiting for it to end (0: never;
-    # None: 256 on CPU, 0 on CUDA); Scheduler.schedule_interjection.
+    # A short request (whole prompt at most this many tokens) of a tenant not ahead by more
+    # than that of the other tenants in the step in flight runs in a step of its own between
+    # two of that step's layers instead of waiting for it to end (0: never; None: 256 on
+    # CPU, 0 on CUDA); Scheduler.schedule_interjection.
     interject_tokens: int | None = None
     # fair: the least-served tenant's requests are admitted first, by weight (VTC,
     # workers/engine/fair_share.py); fcfs: priority, then arrival, whoever sent them

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from workers.engine.sequence import Sequence
 
@@ -125,17 +125,15 @@ class FairQueue:
                 return True
         return False
 
-    def candidates(self, exclude: set[str | None], max_counter: float, per_tenant: int
+    def candidates(self, ceiling: Callable[[str | None], float], per_tenant: int
                    ) -> list[Sequence]:
-        """The first `per_tenant` waiting requests of each tenant not in `exclude` whose
-        counter is at most `max_counter`, least-served tenant first (for interjections:
-        without sorting the whole queue)."""
+        """The first `per_tenant` waiting requests of each tenant whose counter is at most
+        `ceiling(tenant)`, least-served tenant first (for interjections: without sorting the
+        whole queue)."""
         picked = []
         for tenant, heap in self._heaps.items():
-            if tenant in exclude or not heap:
-                continue
             counter = self.share.counters.get(tenant, 0.0)
-            if counter <= max_counter:
+            if heap and counter <= ceiling(tenant):
                 picked.extend((counter, key, seq) for key, seq in heapq.nsmallest(per_tenant, heap))
         picked.sort(key=lambda entry: entry[:2])
         return [seq for _, _, seq in picked]

@@ -13,6 +13,7 @@ waiting request whose adapter does not fit is passed over, not waited on.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -100,9 +101,9 @@ class SchedulerConfig:
     shared_step_s: float = 0.0
     sharing_window_s: float = 10.0
     attention_tokens: float = 0.0  # StepCost.attention_tokens for the model (0: not counted)
-    # A request that arrives while a step is in flight, from a tenant with nothing in that
-    # step, and whose whole prompt is at most this many tokens, may run in a step of its own
-    # between two of the running step's layers (`schedule_interjection`; 0: never).
+    # A waiting request whose whole prompt is at most this many tokens, of a tenant not ahead
+    # by more than that of the other tenants in the step in flight, may run in a step of its
+    # own between two of that step's layers (`schedule_interjection`; 0: never).
     interject_tokens: int = 0
 
 
@@ -217,24 +218,34 @@ class Scheduler:
 
     def schedule_interjection(self, in_flight: SchedulerOutput) -> SchedulerOutput:
         """A step run while `in_flight` is paused between two layers, for waiting requests
-        that need nobody else's room (fair policy only). A request qualifies when its tenant
-        has nothing in `in_flight` and is served at most `interject_tokens` more than the
-        least-served tenant there (so interjecting again and again cannot take more than a
-        fair share), its whole prompt fits `interject_tokens` with the others taken, and
-        seats, free blocks and an adapter slot are there without preempting anyone. Running
-        sequences are not touched: the step in flight owns their blocks."""
+        that need nobody else's room (fair policy only). A request qualifies when `in_flight`
+        holds another tenant's work and its tenant is served at most `interject_tokens` more
+        than the least served of those others (so interjecting again and again cannot take
+        more than a fair share; a tenant alone in the step waits for its end), its whole
+        prompt fits `interject_tokens` with the others taken, and free blocks, a seat and an
+        adapter slot are there without preempting anyone. A tenant with no seat at all may
+        take one past `max_num_seqs` (where the next step would preempt the most-served
+        tenant's newest sequence for it, `_free_a_seat`; admissions then wait until the count
+        is back under). Running sequences are not touched: the step in flight owns their
+        blocks."""
         out = SchedulerOutput()
         if not isinstance(self.waiting, FairQueue) or not self.waiting:
             return out
         live = {s.seq_id: s for s in self.running}
-        stepping = [live[c.seq_id] for c in in_flight.chunks if c.seq_id in live]
-        busy = {s.tenant for s in stepping}
-        level = min((self.share.counter(s) for s in stepping), default=0.0)
+        stepping = {live[c.seq_id].tenant: self.share.counter(live[c.seq_id])
+                    for c in in_flight.chunks if c.seq_id in live}
         budget = self.config.interject_tokens
+
+        def ceiling(tenant: str | None) -> float:
+            others = [counter for t, counter in stepping.items() if t != tenant]
+            return min(others) + self.config.interject_tokens if others else -math.inf
+
         active = self.active_loras()
-        for seq in self.waiting.candidates(busy, level + budget, MAX_INTERJECT_PER_TENANT):
+        seated = {s.tenant for s in self.running}
+        for seq in self.waiting.candidates(ceiling, MAX_INTERJECT_PER_TENANT):
             width = seq.sampling_params.n if seq.pending_forks else 1
-            if (len(self.running) + width > self.config.max_num_seqs
+            over = len(self.running) + width > self.config.max_num_seqs
+            if ((over and (seq.tenant in seated or width > 1))
                     or not self._lora_fits(seq.lora_id, active)
                     or seq.num_tokens > budget + self.block_manager.block_size * (
                         (seq.num_tokens - 1) // self.block_manager.block_size)):
@@ -250,6 +261,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             out.chunks.append(self._allocate(seq, num_new, out))
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+            seated.add(seq.tenant)
             if seq.lora_id is not None:
                 active.add(seq.lora_id)
             budget -= num_new

@@ -178,7 +178,7 @@ def test_a_tenant_shut_out_of_every_seat_gets_one():
                 (a1.seq_id, 1), (a2.seq_id, 1)]
 
 
-def test_interjection_candidates_skip_busy_and_ahead_tenants_without_sorting_all():
+def test_interjection_candidates_are_the_first_few_of_tenants_under_their_ceiling():
     share = FairShare()
     queue = FairQueue(share)
     seqs = {t: [make_seq(4, tenant=t) for _ in range(3)] for t in ("a", "b", "c", "d")}
@@ -186,6 +186,7 @@ def test_interjection_candidates_skip_busy_and_ahead_tenants_without_sorting_all
         for seq in group:
             queue.push(seq)
     share.counters.update(a=0.0, b=5.0, c=1.0, d=9.0)
-    picked = queue.candidates({"a"}, max_counter=5.0, per_tenant=2)
+    ceilings = {"a": -1.0, "b": 5.0, "c": 5.0, "d": 5.0}  # a's ceiling rules it out
+    picked = queue.candidates(ceilings.__getitem__, per_tenant=2)
     assert picked == [*seqs["c"][:2], *seqs["b"][:2]]  # c is less served; d is too far ahead
     assert len(queue) == 12  # nothing taken

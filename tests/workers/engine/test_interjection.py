@@ -42,7 +42,7 @@ def test_a_short_arrival_of_another_tenant_runs_whole_in_free_blocks():
     assert sched.share.tokens["b"] == 6
 
 
-def test_the_tenants_of_the_step_in_flight_do_not_interject():
+def test_a_tenant_alone_in_the_step_in_flight_waits_for_its_end():
     sched = make_scheduler()
     _, step = in_flight(sched)
     own = make_seq(6, tenant="a")
@@ -87,11 +87,30 @@ def test_no_one_is_preempted_for_an_interjection():
     assert short.block_table == [] and sched.block_manager.num_free_blocks == 1
 
 
-def test_no_seat_no_interjection():
+def test_a_seatless_tenant_may_take_one_seat_past_the_cap():
+    """The only seat is a's: b and c, with none, each interject one request past
+    max_num_seqs; b's second waits, and the next step admits nothing new."""
     sched = make_scheduler(max_seqs=1)
+    long, step = in_flight(sched)
+    b1, b2, c = make_seq(4, tenant="b"), make_seq(4, tenant="b"), make_seq(4, tenant="c")
+    for seq in (b1, b2, c):
+        sched.add(seq)
+    out = sched.schedule_interjection(step)
+    assert sorted(ch.seq_id for ch in out.chunks) == sorted([b1.seq_id, c.seq_id])
+    assert len(sched.running) == 3 and list(sched.waiting) == [b2]
+    assert sched.schedule().chunks[0].seq_id == long.seq_id  # nothing new is admitted
+    assert list(sched.waiting) == [b2]
+
+
+def test_a_tenant_with_a_seat_does_not_go_past_the_cap():
+    sched = make_scheduler(max_seqs=2)
     _, step = in_flight(sched)
-    short = make_seq(4, tenant="b")
-    sched.add(short)
+    seated = make_seq(4, tenant="b")
+    sched.add(seated)
+    sched.schedule()  # b's first request takes the second seat (a's prefill is held back)
+    assert len(sched.running) == 2
+    more = make_seq(4, tenant="b")
+    sched.add(more)
     assert sched.schedule_interjection(step).chunks == []
 
 
@@ -122,3 +141,23 @@ def test_a_tenant_ahead_of_the_step_by_more_than_the_limit_waits():
         sched.add(seq)
     out = sched.schedule_interjection(step)
     assert [c.seq_id for c in out.chunks] == [level.seq_id]
+
+
+def test_a_tenant_in_the_step_beside_another_interjects_within_the_lag():
+    """The step holds a's prefill and b's decode: b's new request interjects while b is at
+    most 16 ahead of a; a's, ahead of b by more, does not."""
+    sched = make_scheduler(interject=16)
+    b, a = make_seq(4, tenant="b"), make_seq(40, tenant="a")
+    sched.add(b)
+    sched.add(a)
+    assert [c.num_tokens for c in sched.schedule().chunks] == [4, 12]
+    b.token_ids.append(7)
+    step = sched.schedule()
+    assert [(c.seq_id, c.num_tokens) for c in step.chunks] == [(b.seq_id, 1), (a.seq_id, 15)]
+    assert sched.share.counters == {"a": 27.0, "b": 6.0}
+    b2, a2 = make_seq(4, tenant="b"), make_seq(4, tenant="a")
+    sched.add(b2)
+    sched.add(a2)
+    out = sched.schedule_interjection(step)
+    assert [c.seq_id for c in out.chunks] == [b2.seq_id]
+    assert list(sched.waiting) == [a2]
