@@ -34,6 +34,7 @@ class FairShare:
         self.tokens: Counter[str | None] = Counter()  # computed per tenant, unweighted
         self.active: Counter[str | None] = Counter()  # live sequences per tenant
         self.last_left: dict[str | None, float] = {}  # when a tenant's last sequence left
+        self.weights: dict[str | None, float] = {}  # each tenant's weight, as last sent
         self._live: set[int] = set()
 
     def arrive(self, seq: Sequence) -> None:
@@ -42,6 +43,7 @@ class FairShare:
             return
         self._live.add(seq.seq_id)
         tenant = seq.tenant
+        self.weights[tenant] = seq.weight
         if self.active[tenant] == 0:
             others = [self.counters.get(t, 0.0) for t, n in self.active.items()
                       if n > 0 and t != tenant]
@@ -68,6 +70,11 @@ class FairShare:
         for tenant in [t for t, left in self.last_left.items() if now - left > window_s]:
             del self.last_left[tenant]  # gone too long: forget it (the dict stays small)
         return len(set(self.last_left) | set(self.active)) >= 2
+
+    def seat_share(self, tenant: str | None, seats: int) -> float:
+        """`tenant`'s weighted part of `seats` among the tenants with work."""
+        total = sum(self.weights.get(t, 1.0) for t in self.active)
+        return seats * self.weights.get(tenant, 1.0) / total if total else float(seats)
 
     def charge(self, seq: Sequence, num_prompt: int, num_output: int) -> None:
         """Count tokens computed for `seq`'s tenant this step."""

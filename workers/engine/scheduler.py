@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,10 +224,8 @@ class Scheduler:
         than the least served of those others (so interjecting again and again cannot take
         more than a fair share; a tenant alone in the step waits for its end), its whole
         prompt fits `interject_tokens` with the others taken, and free blocks, a seat and an
-        adapter slot are there without preempting anyone. A tenant with no seat at all may
-        take one past `max_num_seqs` (where the next step would preempt the most-served
-        tenant's newest sequence for it, `_free_a_seat`; admissions then wait until the count
-        is back under). Running sequences are not touched: the step in flight owns their
+        adapter slot are there without preempting anyone (seats past `max_num_seqs`:
+        `_may_overfill`). Running sequences are not touched: the step in flight owns their
         blocks."""
         out = SchedulerOutput()
         if not isinstance(self.waiting, FairQueue) or not self.waiting:
@@ -241,11 +240,11 @@ class Scheduler:
             return min(others) + self.config.interject_tokens if others else -math.inf
 
         active = self.active_loras()
-        seated = {s.tenant for s in self.running}
+        seats = Counter(s.tenant for s in self.running)
         for seq in self.waiting.candidates(ceiling, MAX_INTERJECT_PER_TENANT):
             width = seq.sampling_params.n if seq.pending_forks else 1
             over = len(self.running) + width > self.config.max_num_seqs
-            if ((over and (seq.tenant in seated or width > 1))
+            if ((over and not self._may_overfill(seq.tenant, seats[seq.tenant], width))
                     or not self._lora_fits(seq.lora_id, active)
                     or seq.num_tokens > budget + self.block_manager.block_size * (
                         (seq.num_tokens - 1) // self.block_manager.block_size)):
@@ -261,13 +260,23 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             out.chunks.append(self._allocate(seq, num_new, out))
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
-            seated.add(seq.tenant)
+            seats[seq.tenant] += width
             if seq.lora_id is not None:
                 active.add(seq.lora_id)
             budget -= num_new
             if budget <= 0:
                 break
         return out
+
+    def _may_overfill(self, tenant: str | None, seats: int, width: int) -> bool:
+        """Whether an interjection may seat `width` more of `tenant`'s sequences past
+        `max_num_seqs`: a tenant with no seat may take one (a step would preempt the
+        most-served tenant's newest for it, `_free_a_seat`), and one below its weighted share
+        of the seats may fill up to it. The excess drains as sequences finish, since
+        admissions wait until the count is back under."""
+        if seats == 0 and width == 1:
+            return True
+        return seats + width <= self.share.seat_share(tenant, self.config.max_num_seqs)
 
     def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
         """The engine reports how long the runner took over `out`: the speed `shared_step_s`

@@ -161,3 +161,23 @@ def test_a_tenant_in_the_step_beside_another_interjects_within_the_lag():
     out = sched.schedule_interjection(step)
     assert [c.seq_id for c in out.chunks] == [b2.seq_id]
     assert list(sched.waiting) == [a2]
+
+
+def test_a_tenant_below_its_seat_share_fills_up_to_it_past_the_cap():
+    """Four seats: a holds three, b one. Equal weights make b's share two, so b's next
+    request interjects as a fifth; a's, over its share, and b's third, at it, wait."""
+    sched = make_scheduler(max_seqs=4)
+    a_seqs = [make_seq(4, tenant="a") for _ in range(3)]
+    b1 = make_seq(4, tenant="b")
+    for seq in (*a_seqs, b1):
+        sched.add(seq)
+    assert len(sched.schedule().chunks) == 4
+    for seq in (*a_seqs, b1):
+        seq.token_ids.append(7)
+    step = sched.schedule()  # four decodes
+    b2, b3, a4 = make_seq(4, tenant="b"), make_seq(4, tenant="b"), make_seq(4, tenant="a")
+    for seq in (b2, b3, a4):
+        sched.add(seq)
+    out = sched.schedule_interjection(step)
+    assert [c.seq_id for c in out.chunks] == [b2.seq_id]
+    assert len(sched.running) == 5 and set(sched.waiting) == {b3, a4}
