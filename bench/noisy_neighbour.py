@@ -8,7 +8,9 @@ refused with a 429 once its 3 RPM are used: admitted on an estimate first, so th
 tokenizing either). Meanwhile the normal tenant's `max_tokens: 1` chat requests and
 `GET /health/live` are timed. The same probes are timed on the idle server first.
 
-Usage: .venv/bin/python bench/noisy_neighbour.py [--body-mb 3.5] [--seconds 20]
+With `--bodies-only` the hostile tenant sends the oversized bodies alone.
+
+Usage: .venv/bin/python bench/noisy_neighbour.py [--body-mb 3.5] [--seconds 20] [--bodies-only]
 Prints a table last and writes bench/results/noisy_neighbour-cpu.json (non-default runs:
 noisy_neighbour-cpu-smoke.json, which git ignores).
 """
@@ -65,9 +67,10 @@ async def probe(client: httpx.AsyncClient, key: str, until: float) -> dict[str, 
     return times
 
 
-async def attack(client: httpx.AsyncClient, key: str, until: float, body_mb: float
-                 ) -> dict[int, int]:
-    """Oversized bodies and mid-size prompts, alternately; counts of each status seen."""
+async def attack(client: httpx.AsyncClient, key: str, until: float, body_mb: float,
+                 prompts: bool = True) -> dict[int, int]:
+    """Oversized bodies and mid-size prompts, alternately (bodies only without `prompts`);
+    counts of each status seen."""
     huge = json.dumps({"model": "smollm2-135m-instruct", "messages": [
         {"role": "user", "content": "x " * int(body_mb * (1 << 20) / 2)}]}).encode()
     mid = json.dumps({"model": "smollm2-135m-instruct", "max_tokens": 1, "messages": [
@@ -76,7 +79,8 @@ async def attack(client: httpx.AsyncClient, key: str, until: float, body_mb: flo
     n = 0
     while time.monotonic() < until:
         n += 1
-        r = await client.post("/v1/chat/completions", content=huge if n % 2 else mid,
+        r = await client.post("/v1/chat/completions",
+                              content=huge if n % 2 or not prompts else mid,
                               headers={"authorization": f"Bearer {key}",
                                        "content-type": "application/json"})
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
@@ -89,7 +93,8 @@ async def measure(url: str, normal: str, hostile: str, args: argparse.Namespace
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         idle = await probe(client, normal, time.monotonic() + args.seconds / 2)
         until = time.monotonic() + args.seconds
-        attacks = [attack(client, hostile, until, args.body_mb) for _ in range(args.attackers)]
+        attacks = [attack(client, hostile, until, args.body_mb, not args.bodies_only)
+                   for _ in range(args.attackers)]
         busy, *seen = await asyncio.gather(probe(client, normal, until), *attacks)
     statuses: dict[int, int] = {}
     for counts in seen:
@@ -103,6 +108,8 @@ def main() -> None:
     p.add_argument("--body-mb", type=float, default=DEFAULTS["body_mb"])
     p.add_argument("--seconds", type=float, default=DEFAULTS["seconds"])
     p.add_argument("--attackers", type=int, default=DEFAULTS["attackers"])
+    p.add_argument("--bodies-only", action="store_true",
+                   help="only oversized bodies, no admissible prompts (section 1 alone)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
@@ -134,7 +141,7 @@ def main() -> None:
                      "busy_p50_ms": statistics.median(busy),
                      "busy_p99_ms": percentile(busy, 0.99), "busy_n": len(busy),
                      "busy_ms": [round(t, 1) for t in busy]})
-    standard = all(getattr(args, k) == v for k, v in DEFAULTS.items())
+    standard = all(getattr(args, k) == v for k, v in DEFAULTS.items()) and not args.bodies_only
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / ("noisy_neighbour-cpu.json" if standard else
                      "noisy_neighbour-cpu-smoke.json")

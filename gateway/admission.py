@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -27,18 +30,23 @@ def admission_request(
 ) -> AdmissionRequest:
     tokens = call.prompt_tokens + call.max_output_tokens
     plan = key.plan
-    scopes = (
-        (f"key:{key.key_id}", Limits(rpm=key.rpm, tpm=key.tpm, max_concurrent=key.max_concurrent)),
-        (f"tenant:{key.tenant_id}",
-         Limits(rpm=plan.rpm, tpm=plan.tpm, max_concurrent=plan.max_concurrent)),
-    )
     budget = None
     if plan.budget_micros is not None:
         budget = tenant_budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
     return AdmissionRequest(
-        request_id=request_id, scopes=scopes, tokens=tokens,
+        request_id=request_id, scopes=limit_scopes(key), tokens=tokens,
         cost_micros=price.cost_micros(call.prompt_tokens, call.max_output_tokens),
         budget=budget,
+    )
+
+
+def limit_scopes(key: KeyContext) -> tuple[tuple[str, Limits], ...]:
+    """The key's own limits, then its tenant's plan's."""
+    plan = key.plan
+    return (
+        (f"key:{key.key_id}", Limits(rpm=key.rpm, tpm=key.tpm, max_concurrent=key.max_concurrent)),
+        (f"tenant:{key.tenant_id}",
+         Limits(rpm=plan.rpm, tpm=plan.tpm, max_concurrent=plan.max_concurrent)),
     )
 
 
@@ -110,6 +118,34 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
         gw.refusals.remember(decision)
         raise refusal(decision)
     return decision
+
+
+@contextlib.asynccontextmanager
+async def counted_if_refused(gw: GatewayState, key: KeyContext) -> AsyncIterator[None]:
+    """Around what an authenticated request goes through before admission (parsing,
+    routing, the cheap context bound): a request refused there with a 4xx still counts
+    against its key's and tenant's RPM. Else bodies refused by a cheap check (an oversized
+    prompt, bad JSON) could be sent without limit, each one read and parsed. Once over the
+    RPM the 429 replaces the 4xx, and the hold (`refuse_if_held`) keeps the next ones from
+    being parsed at all. Nothing else is reserved, and an unavailable limiter keeps the 4xx."""
+    try:
+        yield
+    except APIError as exc:
+        if 400 <= exc.status < 500:
+            await _count_request(gw, key, exc)
+        raise
+
+
+async def _count_request(gw: GatewayState, key: KeyContext, error: APIError) -> None:
+    admission = AdmissionRequest(request_id=f"refused-{uuid.uuid4().hex}",
+                                 scopes=limit_scopes(key), tokens=0)
+    decision = await gw.limiter.admit(admission)
+    if decision.admitted:
+        await gw.limiter.settle(admission, tokens=0, cost_micros=0)
+    elif decision.reason == "rpm":
+        gw.metrics.refused(tenant=key.tenant_id, reason="rpm", model=OTHER)
+        gw.refusals.remember(decision)
+        raise refusal(decision) from error
 
 
 async def refuse_if_held(gw: GatewayState, request: Request, key: KeyContext) -> None:

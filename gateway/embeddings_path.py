@@ -25,7 +25,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from billing.pricing import charge
-from gateway.admission import admission_request, admit, ratelimit_headers, refuse_if_held
+from gateway.admission import (
+    admission_request,
+    admit,
+    counted_if_refused,
+    ratelimit_headers,
+    refuse_if_held,
+)
 from gateway.deployments.base import Call, Deployment
 from gateway.deployments.embedding import (
     EmbeddingDeployment,
@@ -59,25 +65,26 @@ async def serve_embeddings(request: Request) -> Response:
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
-    body = parse_body(await request.body())  # within max_body_bytes (the middleware)
-    annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
-    with tracing.span("route"):
-        plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
-                                gw.adapters, key, body.model, tier=asked_tier(request),
-                                logprobs=False)
-    if not isinstance(plan.order[0], EmbeddingDeployment):
-        raise not_an_embedding_model(body.model)
-    dispatches = tracing.dispatches()
-
-    def prepare(deployment: Deployment) -> Call:
-        if not isinstance(deployment, EmbeddingDeployment):
+    async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
+        body = parse_body(await request.body())  # within max_body_bytes (the middleware)
+        annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
+        with tracing.span("route"):
+            plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
+                                    gw.adapters, key, body.model, tier=asked_tier(request),
+                                    logprobs=False)
+        if not isinstance(plan.order[0], EmbeddingDeployment):
             raise not_an_embedding_model(body.model)
-        call = deployment.prepare_embedding(body)
-        dispatches.prepared(call, deployment.name)
-        return call
+        dispatches = tracing.dispatches()
 
-    with tracing.span("prepare"):
-        order, call = await first_that_fits(plan.order, prepare)
+        def prepare(deployment: Deployment) -> Call:
+            if not isinstance(deployment, EmbeddingDeployment):
+                raise not_an_embedding_model(body.model)
+            call = deployment.prepare_embedding(body)
+            dispatches.prepared(call, deployment.name)
+            return call
+
+        with tracing.span("prepare"):
+            order, call = await first_that_fits(plan.order, prepare)
     request_id = f"emb-{uuid.uuid4().hex}"
     admission = admission_request(request_id=request_id, key=key, call=call,
                                   price=order[0].price)

@@ -2,7 +2,7 @@
 
     authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago gets the
     429 again, its body dropped unparsed (`gateway.recent_refusals`) -> read and validate the
-    body ->
+    body (from here to admission a 4xx still counts for RPM: `admission.counted_if_refused`) ->
     route: the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the
     deployments to try, in policy order (cached, 404/403; only deployments that serve every
     field, else 400) ->
@@ -35,7 +35,13 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from gateway import answers
-from gateway.admission import admission_request, admit, ratelimit_headers, refuse_if_held
+from gateway.admission import (
+    admission_request,
+    admit,
+    counted_if_refused,
+    ratelimit_headers,
+    refuse_if_held,
+)
 from gateway.deployments.base import Call, Deployment, EngineShare, prepared
 from gateway.errors import APIError, bad_request
 from gateway.observability import tracing as attr
@@ -82,36 +88,37 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
-    raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
-    body = parse_body(raw, chat=chat)
-    annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
-                    attr.STREAM: bool(body.stream)})
-    if gw.settings.log_prompts:
-        prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
-    with tracing.span("route"):
-        plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                                tier=asked_tier(request), logprobs=body.wants_logprobs,
-                                request=body)
-    dispatches = tracing.dispatches()
-    share = engine_share(key.tenant_id, key.plan, body.priority)
+    async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
+        raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
+        body = parse_body(raw, chat=chat)
+        annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
+                        attr.STREAM: bool(body.stream)})
+        if gw.settings.log_prompts:
+            prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
+        with tracing.span("route"):
+            plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
+                                    tier=asked_tier(request), logprobs=body.wants_logprobs,
+                                    request=body)
+        dispatches = tracing.dispatches()
+        share = engine_share(key.tenant_id, key.plan, body.priority)
 
-    def prepare(deployment: Deployment) -> Call:
-        call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
-                                  adapter=plan.adapter)
-        call.share = share
-        dispatches.prepared(call, deployment.name)
-        return call
-
-    def estimate(deployment: Deployment) -> Call:
-        if deployment.tokenizes:
-            call = deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
-                                       adapter=plan.adapter)
+        def prepare(deployment: Deployment) -> Call:
+            call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
+                                      adapter=plan.adapter)
             call.share = share
+            dispatches.prepared(call, deployment.name)
             return call
-        return prepare(deployment)
 
-    with tracing.span("prepare"):
-        order, call = await first_that_fits(plan.order, estimate, threaded=False)
+        def estimate(deployment: Deployment) -> Call:
+            if deployment.tokenizes:
+                call = deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
+                                           adapter=plan.adapter)
+                call.share = share
+                return call
+            return prepare(deployment)
+
+        with tracing.span("prepare"):
+            order, call = await first_that_fits(plan.order, estimate, threaded=False)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price)

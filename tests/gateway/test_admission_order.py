@@ -131,9 +131,27 @@ async def test_a_key_over_its_rpm_is_refused_before_its_body_is_parsed(flood):
     ok = await client.post("/v1/chat/completions", json=ask("hi"), headers=bearer(normal.key))
     assert ok.status_code == 200, ok.text  # another tenant is not held
     assert len(parsed) == 3
-    # The held answers came when the hold was over: the next request is read again.
+    # The held answers came when the hold was over: the next request is read again, and
+    # as the key is still over its RPM, its 400 becomes a 429 (and a new hold).
     after = await client.post("/v1/chat/completions", content=b"{not json", headers=headers)
-    assert after.status_code == 400 and len(parsed) == 4
+    assert after.status_code == 429 and len(parsed) == 4
+
+
+async def test_requests_refused_as_invalid_count_against_rpm(flood):
+    """Oversized prompts, each refused by the cheap bound: the first is a 400 and uses the
+    1-RPM plan's request; the second, parsed, is a 429; the third is refused unparsed."""
+    client, hostile, normal, parsed = flood
+    headers = {**bearer(hostile.key), "content-type": "application/json"}
+    huge = json_bytes(ask("x " * 200_000))
+    first = await client.post("/v1/chat/completions", content=huge, headers=headers)
+    assert first.status_code == 400 and first.json()["error"]["code"] == "context_length_exceeded"
+    second = await client.post("/v1/chat/completions", content=huge, headers=headers)
+    assert second.status_code == 429, second.text
+    assert second.json()["error"]["code"] == "rate_limit_exceeded" and len(parsed) == 2
+    third = await client.post("/v1/chat/completions", content=huge, headers=headers)
+    assert third.status_code == 429 and len(parsed) == 2  # held: not parsed
+    ok = await client.post("/v1/chat/completions", json=ask("hi"), headers=bearer(normal.key))
+    assert ok.status_code == 200, ok.text
 
 
 def json_bytes(body: dict) -> bytes:

@@ -325,3 +325,28 @@ async def test_budget_is_enforced(sqlite_url: str, tmp_path: Path,
         assert statuses[0] == 200 and statuses[-1] == 429
         refused = await w.embed(model="remote-embed", input="abcd")
         assert_error(refused, 429, code="insufficient_quota")
+
+
+async def test_refused_requests_count_for_rpm_and_a_held_key_is_not_read(
+        world: EmbedWorld, sqlite_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a 2-RPM plan: a 400 uses one request, a 200 the other; the next 400 is a 429,
+    and within the hold even a valid body is refused without being parsed."""
+    from gateway import embeddings_path
+
+    limited = await seed_tenant(sqlite_url, tmp_path, name="limited", plan={"rpm": 2})
+    parsed: list[bytes] = []
+    real = embeddings_path.parse_body
+
+    def counted(raw: bytes) -> Any:
+        parsed.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(embeddings_path, "parse_body", counted)
+    assert_error(await world.embed(limited.key, input=[]), 400)
+    ok(await world.embed(limited.key, input=["hi"]))
+    assert_error(await world.embed(limited.key, input=[]), 429, code="rate_limit_exceeded")
+    assert len(parsed) == 3
+    assert_error(await world.embed(limited.key, input=["hi"]), 429, code="rate_limit_exceeded")
+    assert len(parsed) == 3  # held: not parsed
+    ok(await world.embed(input=["hi"]))  # another tenant is not held
