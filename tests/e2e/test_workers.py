@@ -251,7 +251,10 @@ async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
     await until(lambda: pool[0].stats().get("prefix_cache_hit_rate", 0) > 0.5,
                 what="A's prefix-cache hits (what the console's workers page shows)")
     other = await seed_tenant(fleet.db_url, tmp_path, name="other-tenant")
-    assert await affinity(other.tenant_id, body) == {name_a: 0, name_b: 0}
+    # Its salt names other blocks: at most one may pass A's Bloom filter as a false positive
+    # (about 1% each; two in a row, 1e-4), never the conversation's chain of `held` tokens.
+    stranger = await affinity(other.tenant_id, body)
+    assert set(stranger) == {name_a, name_b} and max(stranger.values()) <= 16 < held
 
     async with httpx.AsyncClient(timeout=120) as direct:  # A: 2 run, 4 wait
         busy = [asyncio.create_task(direct.post(f"{a.url}/v1/completions", headers=bearer(
