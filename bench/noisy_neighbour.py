@@ -5,8 +5,9 @@ tenants: a hostile one on a 3-RPM plan and a normal one. The hostile tenant send
 `--attackers` connections at once, bodies of `--body-mb` MB (a prompt no window holds,
 refused before any tokenizer runs) and mid-size prompts (tokenized off the event loop,
 refused with a 429 once its 3 RPM are used: admitted on an estimate first, so they cost no
-tokenizing either). Meanwhile the normal tenant's `max_tokens: 1` chat requests and
-`GET /health/live` are timed. The same probes are timed on the idle server first.
+tokenizing either). Meanwhile `GET /health/live`, the normal tenant's `GET /v1/models`
+(authenticated, no engine work) and its `max_tokens: 1` chat requests are timed. The same
+probes are timed on the idle server first.
 
 With `--bodies-only` the hostile tenant sends the oversized bodies alone.
 
@@ -48,14 +49,19 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def probe(client: httpx.AsyncClient, key: str, until: float) -> dict[str, list[float]]:
-    """The normal tenant's chat and the liveness probe, one after another, until `until`."""
-    times: dict[str, list[float]] = {"chat": [], "live": []}
+    """The liveness probe, the normal tenant's model list (authenticated, no engine) and its
+    chat, one after another, until `until`."""
+    times: dict[str, list[float]] = {"chat": [], "live": [], "models": []}
     body = {"model": "smollm2-135m-instruct", "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "user", "content": "Say hi."}]}
     while time.monotonic() < until:
         started = time.perf_counter()
         r = await client.get("/health/live")
         times["live"].append((time.perf_counter() - started) * 1000)
+        assert r.status_code == 200, r.text
+        started = time.perf_counter()
+        r = await client.get("/v1/models", headers={"authorization": f"Bearer {key}"})
+        times["models"].append((time.perf_counter() - started) * 1000)
         assert r.status_code == 200, r.text
         started = time.perf_counter()
         r = await client.post("/v1/chat/completions", json=body,
@@ -134,7 +140,7 @@ def main() -> None:
         finally:
             server.stop()
     rows = []
-    for what in ("live", "chat"):
+    for what in ("live", "models", "chat"):
         idle, busy = result["idle"][what], result["busy"][what]
         rows.append({"probe": what, "idle_p50_ms": statistics.median(idle),
                      "idle_p99_ms": percentile(idle, 0.99),
