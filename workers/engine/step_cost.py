@@ -79,7 +79,7 @@ class StepRoom:
 
     cost: StepCost
     units: float | None
-    min_chunk: int = 16
+    min_chunk: int  # the scheduler's MIN_SHARED_CHUNK
     prefilled: bool = False
 
     def take(self, num_tokens: int, start_pos: int) -> int:

@@ -39,7 +39,7 @@ def test_the_first_prompt_chunk_always_advances():
     room = StepRoom(StepCost(), units=4.0, min_chunk=16)
     assert room.take(100, 0) == 16  # the floor, though it costs more than the room
     assert room.take(100, 0) == 0  # nothing left for a second chunk
-    assert StepRoom(StepCost(), units=None).take(700, 0) == 700
+    assert StepRoom(StepCost(), units=None, min_chunk=16).take(700, 0) == 700
 
 
 def test_smollm2s_attention_break_even_context():
