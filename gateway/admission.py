@@ -113,11 +113,15 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
         annotate(limits, {"switchboard.admitted": decision.admitted,
                           "switchboard.refused_by": decision.reason})
     if not decision.admitted:
-        gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason,
-                           model=gw.metrics.model_label(model, adapter=adapter))
-        gw.refusals.remember(decision)
-        raise refusal(decision)
+        raise refused(gw, key, decision, gw.metrics.model_label(model, adapter=adapter))
     return decision
+
+
+def refused(gw: GatewayState, key: KeyContext, decision: Decision, model: str) -> APIError:
+    """Count a refusal, remember it for the hold (RPM only), and give the error to raise."""
+    gw.metrics.refused(tenant=key.tenant_id, reason=decision.reason, model=model)
+    gw.refusals.remember(decision)
+    return refusal(decision)
 
 
 @contextlib.asynccontextmanager
@@ -143,9 +147,7 @@ async def _count_request(gw: GatewayState, key: KeyContext, error: APIError) -> 
     if decision.admitted:
         await gw.limiter.settle(admission, tokens=0, cost_micros=0)
     elif decision.reason == "rpm":
-        gw.metrics.refused(tenant=key.tenant_id, reason="rpm", model=OTHER)
-        gw.refusals.remember(decision)
-        raise refusal(decision) from error
+        raise refused(gw, key, decision, OTHER) from error
 
 
 async def refuse_if_held(gw: GatewayState, request: Request, key: KeyContext) -> None:

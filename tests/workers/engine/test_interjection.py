@@ -102,7 +102,8 @@ def test_a_seatless_tenant_may_take_one_seat_past_the_cap():
     assert list(sched.waiting) == [b2]
 
 
-def test_a_tenant_with_a_seat_does_not_go_past_the_cap():
+def test_a_tenant_at_its_seat_share_does_not_go_past_the_cap():
+    """Two seats, two tenants of equal weight: b's share is one seat, which it holds."""
     sched = make_scheduler(max_seqs=2)
     _, step = in_flight(sched)
     seated = make_seq(4, tenant="b")
