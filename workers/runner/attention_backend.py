@@ -22,10 +22,11 @@ PREFILL_ATTENTION = ("auto", *PREFILL_KERNELS)
 
 def pick_attention_backend(
     name: str, device: torch.device, block_size: int, head_dim: int, *, group: int = 1,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, kv_cache_dtype: str = "auto",
 ) -> str:
     """`auto` is an in-place decode kernel where one fits: Triton on CUDA when Triton is
-    there, the C kernel on CPU (float32) when it builds (it is built here); else torch.
+    there, the C kernel on CPU (float32, or bfloat16 with a bfloat16 pool) when it builds (it
+    is built here); else torch.
 
     Asking for a kernel where it cannot run is an error, not a silent fallback. Triton runs on
     CPU only under its interpreter (`TRITON_INTERPRET=1`), which is for tests.
@@ -37,7 +38,8 @@ def pick_attention_backend(
         return "torch"
     has_triton = importlib.util.find_spec("triton") is not None
     triton_fits = block_size & (block_size - 1) == 0 and 0 < head_dim <= 256
-    cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype)
+    cpu_fits = cpu_decode.fits(group, head_dim, block_size, dtype,
+                               int8_pool=kv_cache_dtype == "int8")
     if name == "auto":
         if device.type == "cuda":
             return "triton" if has_triton and triton_fits else "torch"
@@ -46,7 +48,8 @@ def pick_attention_backend(
         if device.type != "cpu":
             raise ValueError("attention_backend 'cpu' needs a CPU device")
         if not cpu_fits:
-            raise ValueError("attention_backend 'cpu' needs float32, a GQA group <= "
+            raise ValueError("attention_backend 'cpu' needs float32 (or bfloat16 with a "
+                             "bfloat16 pool), a GQA group <= "
                              f"{cpu_decode.MAX_GROUP}, head_dim <= {cpu_decode.MAX_DIM} and "
                              f"block_size <= {cpu_decode.MAX_BLOCK}")
         cpu_decode.load_library()  # RuntimeError with the reason: no compiler, a failed build

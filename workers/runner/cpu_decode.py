@@ -23,11 +23,16 @@ logger = logging.getLogger(__name__)
 
 # the C kernel's fixed limits (stack buffers)
 MAX_GROUP, MAX_DIM, MAX_BLOCK = 16, 256, 256
+# the pool's row type, as the kernel numbers it
+_POOL_KINDS = {torch.float32: 0, torch.int8: 1, torch.bfloat16: 2}
 
 
-def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype) -> bool:
-    """Whether the kernel serves this shape: float32, and within its fixed buffers."""
-    return (dtype == torch.float32 and group <= MAX_GROUP and head_dim <= MAX_DIM
+def fits(group: int, head_dim: int, block_size: int, dtype: torch.dtype, *,
+         int8_pool: bool = False) -> bool:
+    """Whether the kernel serves this shape: a float32 model (float32 or int8 pool), or a
+    bfloat16 one with a bfloat16 pool, within its fixed buffers."""
+    dtype_fits = dtype == torch.float32 or (dtype == torch.bfloat16 and not int8_pool)
+    return (dtype_fits and group <= MAX_GROUP and head_dim <= MAX_DIM
             and block_size <= MAX_BLOCK)
 
 
@@ -62,7 +67,8 @@ def paged_decode(
     *, plain: bool = False, march: str = "native",
 ) -> torch.Tensor:
     """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
-    The pool is float32 like q, or int8 rows with their scales (`kv_quant`), read in place.
+    The pool is float32 or bfloat16 like q, or int8 rows with their scales (`kv_quant`) for a
+    float32 q, read in place; the output has q's dtype.
 
     `plain` forces the portable loops where the build has AVX-512; `march` picks another
     build target (tests cover them all)."""
@@ -70,9 +76,9 @@ def paged_decode(
     num_kv_heads = k_cache.shape[1]
     if q.stride(2) != 1 or q.stride(1) != head_dim:
         q = q.contiguous()
-    int8 = k_cache.dtype == torch.int8
+    kind = _POOL_KINDS[k_cache.dtype]
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.dtype == k_cache.dtype
-    assert q.dtype == torch.float32 and (int8 or k_cache.dtype == q.dtype)
+    assert q.dtype == k_cache.dtype or (q.dtype == torch.float32 and k_cache.dtype == torch.int8)
     assert block_tables.dtype == seq_lens.dtype == torch.int32
     assert block_tables.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
@@ -81,7 +87,7 @@ def paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),
         rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
-        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), int(int8))
+        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), kind)
     if status != 0:
         raise ValueError("shape past the CPU decode kernel's limits "
                          f"(group <= {MAX_GROUP}, head_dim <= {MAX_DIM}, block <= {MAX_BLOCK})")

@@ -1,10 +1,12 @@
-"""One-pass element-wise kernels for float32 on CPU: SiLU-and-multiply, residual add with
-RMSNorm, and RoPE in place (`csrc/fused_ops.c`).
+"""One-pass element-wise kernels for float32 and bfloat16 on CPU: SiLU-and-multiply, residual
+add with RMSNorm, and RoPE in place (`csrc/fused_ops.c`; bfloat16 is computed in float32 and
+rounded once per result).
 
 On a CPU these parts are memory passes, and PyTorch makes several per part (RMSNorm alone is
 six kernels, each writing a fresh tensor). Profiled over the standard workload they were about
 a seventh of the engine's time; each is one pass here. `elementwise=auto` uses them where
-they build (float32 on CPU); `torch` keeps PyTorch's ops, for other dtypes and devices.
+they build (float32 or bfloat16 on CPU); `torch` keeps PyTorch's ops, for other dtypes and
+devices.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ ELEMENTWISE = ("auto", "torch", "cpu")
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
 _INT = ctypes.c_int
+# each kernel's name suffix for the tensors' dtype
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 @functools.cache
@@ -30,25 +34,33 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     """Built once per source, flags and CPU (`cbuild`; tests pass other `march` targets);
     RuntimeError if it cannot be."""
     lib = cbuild.build_and_load("fused_ops", "CPU element-wise kernels", march)
-    lib.silu_mul_f32.restype = None
-    lib.silu_mul_f32.argtypes = [_P, _P, _I64, _I64, _I64, _I64, _INT]
-    lib.add_rms_norm_f32.restype = None
-    lib.add_rms_norm_f32.argtypes = [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT]
-    lib.rope_f32.restype = None
-    lib.rope_f32.argtypes = [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT]
+    for suffix in _SUFFIX.values():
+        signatures = {
+            "silu_mul": [_P, _P, _I64, _I64, _I64, _I64, _INT],
+            "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT],
+            "rope": [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT],
+        }
+        for name, argtypes in signatures.items():
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.restype = None
+            fn.argtypes = argtypes
     return lib
 
 
+def _kernel(name: str, dtype: torch.dtype, march: str) -> ctypes._CFuncPtr:
+    return getattr(load_library(march), f"{name}_{_SUFFIX[dtype]}")
+
+
 def pick_elementwise(name: str, device: torch.device, dtype: torch.dtype) -> str:
-    """`auto`: the C kernels for float32 on CPU where they build, else torch. Asking for `cpu`
-    where they cannot run is an error, not a silent fallback."""
+    """`auto`: the C kernels for float32 or bfloat16 on CPU where they build, else torch.
+    Asking for `cpu` where they cannot run is an error, not a silent fallback."""
     if name not in ELEMENTWISE:
         raise ValueError(f"elementwise must be one of {', '.join(ELEMENTWISE)}")
     if name == "torch":
         return "torch"
-    fits = device.type == "cpu" and dtype == torch.float32
+    fits = device.type == "cpu" and dtype in _SUFFIX
     if name == "cpu" and not fits:
-        raise ValueError("elementwise 'cpu' needs a CPU device and float32")
+        raise ValueError("elementwise 'cpu' needs a CPU device and float32 or bfloat16")
     if not fits:
         return "torch"
     try:
@@ -69,10 +81,10 @@ def silu_mul(gate_up: torch.Tensor, *, march: str = "native") -> torch.Tensor:
     """silu(gate) * up for gate_up = [rows, 2n] (gate first), as one [rows, n] tensor."""
     rows, width = gate_up.shape
     n = width // 2
-    assert gate_up.dtype == torch.float32 and gate_up.stride(1) == 1
+    assert gate_up.stride(1) == 1
     out = torch.empty(rows, n, dtype=gate_up.dtype)
-    load_library(march).silu_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, n,
-                                     gate_up.stride(0), out.stride(0), _threads())
+    _kernel("silu_mul", gate_up.dtype, march)(gate_up.data_ptr(), out.data_ptr(), rows, n,
+                                              gate_up.stride(0), out.stride(0), _threads())
     return out
 
 
@@ -80,11 +92,11 @@ def add_rms_norm(x: torch.Tensor | None, residual: torch.Tensor, weight: torch.T
                  eps: float, *, march: str = "native") -> torch.Tensor:
     """residual += x (unless x is None), in place; returns rmsnorm(residual) * weight."""
     rows, n = residual.shape
-    assert residual.is_contiguous() and residual.dtype == torch.float32
+    assert residual.is_contiguous() and weight.dtype == residual.dtype
     if x is not None:
-        assert x.is_contiguous() and x.shape == residual.shape
+        assert x.is_contiguous() and x.shape == residual.shape and x.dtype == residual.dtype
     out = torch.empty_like(residual)
-    load_library(march).add_rms_norm_f32(
+    _kernel("add_rms_norm", residual.dtype, march)(
         0 if x is None else x.data_ptr(), residual.data_ptr(), out.data_ptr(),
         weight.data_ptr(), rows, n, eps, int(x is not None), _threads())
     return out
@@ -95,9 +107,9 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     """Rotate the first `heads` heads of every row of x ([tokens, >= heads * head_dim], rows
     may be strided) in place; cos/sin: the model's [max_positions, head_dim / 2] tables."""
     tokens = x.shape[0]
-    assert x.dtype == cos.dtype == sin.dtype == torch.float32 and x.stride(-1) == 1
+    assert cos.dtype == sin.dtype == torch.float32 and x.stride(-1) == 1
     assert positions.dtype == torch.long and positions.is_contiguous()
     assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[1] * 2 == head_dim
-    load_library(march).rope_f32(x.data_ptr(), positions.data_ptr(), cos.data_ptr(),
-                                 sin.data_ptr(), tokens, x.stride(0), heads, head_dim,
-                                 _threads())
+    _kernel("rope", x.dtype, march)(x.data_ptr(), positions.data_ptr(), cos.data_ptr(),
+                                    sin.data_ptr(), tokens, x.stride(0), heads, head_dim,
+                                    _threads())

@@ -128,7 +128,7 @@ class ModelRunner:
         backend = pick_attention_backend(
             config.attention_backend, config.device, config.block_size, head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
-            dtype=config.dtype)
+            dtype=config.dtype, kv_cache_dtype=kv_dtype)
         prefill = pick_prefill_attention(config.prefill_attention, config.device)
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,

@@ -19,9 +19,17 @@ def test_auto_is_an_in_place_kernel_on_each_device():
 
 
 def test_auto_on_cpu_keeps_torch_where_the_c_kernel_does_not_fit():
-    assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.bfloat16) == "torch"
+    assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.float16) == "torch"
+    assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.bfloat16,
+                                  kv_cache_dtype="int8") == "torch"
     assert pick_attention_backend("auto", CPU, 16, 64, group=32) == "torch"
     assert pick_attention_backend("auto", CPU, 512, 64) == "torch"
+
+
+def test_auto_on_cpu_takes_the_c_kernel_for_bfloat16_over_a_bfloat16_pool():
+    assert pick_attention_backend("auto", CPU, 16, 64, dtype=torch.bfloat16) == "cpu"
+    with pytest.raises(ValueError, match="bfloat16 with a bfloat16 pool"):
+        pick_attention_backend("cpu", CPU, 16, 64, dtype=torch.bfloat16, kv_cache_dtype="int8")
 
 
 def test_a_kernel_that_does_not_build_is_torch_under_auto_and_an_error_if_asked(monkeypatch):

@@ -135,3 +135,33 @@ def test_tasks_split_a_sequence_heads_where_the_buffers_end(num_heads, num_kv_he
                                   march=march)
     ref = dense_reference(q, k_cache, v_cache, tables, lens, 0.25, block_size)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [64, 24])
+@pytest.mark.parametrize("plain", [False, True])
+@pytest.mark.parametrize("march", build_targets())
+def test_a_bfloat16_pool_is_read_in_place_with_bfloat16_queries(head_dim, plain, march):
+    """bfloat16 q and pool: the kernel widens to float32 and rounds only its output, so it
+    equals the float32 reference over the same (bfloat16-valued) numbers within one bfloat16
+    rounding."""
+    g = torch.Generator().manual_seed(7 + head_dim)
+    block_size, num_blocks = 16, 40
+    k_cache = torch.randn(num_blocks, 3, block_size, head_dim, generator=g).bfloat16()
+    v_cache = torch.randn(num_blocks, 3, block_size, head_dim, generator=g).bfloat16()
+    lens = torch.tensor([1, 33, 160], dtype=torch.int32)
+    tables = torch.randperm(num_blocks, generator=g)[:30].view(3, 10).to(torch.int32)
+    q = (torch.randn(3, 9, head_dim, generator=g) * 3).bfloat16()
+    scale = head_dim**-0.5
+    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables.contiguous(), lens, scale,
+                                  block_size, plain=plain, march=march)
+    assert out.dtype == torch.bfloat16
+    ref = dense_reference(q.float(), k_cache.float(), v_cache.float(), tables, lens, scale,
+                          block_size)
+    torch.testing.assert_close(out.float(), ref, rtol=8e-3, atol=8e-3)
+
+
+def test_a_bfloat16_model_takes_the_kernel_only_over_a_bfloat16_pool():
+    assert cpu_decode.fits(3, 64, 16, torch.bfloat16)
+    assert not cpu_decode.fits(3, 64, 16, torch.bfloat16, int8_pool=True)
+    assert cpu_decode.fits(3, 64, 16, torch.float32, int8_pool=True)
+    assert not cpu_decode.fits(3, 64, 16, torch.float16)

@@ -51,6 +51,39 @@ def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows, march):
 
 
 @pytest.mark.parametrize("march", TARGETS)
+def test_bfloat16_kernels_compute_in_float32_and_round_once(march):
+    """Each bfloat16 result is the float32 result over the same inputs, rounded once: within
+    one bfloat16 step (2^-8 relative) of it, and the residual is the sum rounded as torch
+    rounds it."""
+    gen = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(9, 2 * 200, generator=gen) * 6).bfloat16()
+    gate, up = gate_up.float().split(200, dim=-1)
+    got = cpu_fused.silu_mul(gate_up, march=march)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), F.silu(gate) * up, rtol=4e-3, atol=1e-5)
+
+    weight = torch.randn(96, generator=gen).bfloat16()
+    x = torch.randn(5, 96, generator=gen).bfloat16()
+    residual = (torch.randn(5, 96, generator=gen) * 3).bfloat16()
+    want_residual = residual + x  # torch's bfloat16 add: float32 sum, rounded
+    norm = RMSNorm(96, 1e-5)
+    norm.weight.data = weight.float()
+    want = norm(want_residual.float())
+    got = cpu_fused.add_rms_norm(x, residual, weight, 1e-5, march=march)
+    assert torch.equal(residual, want_residual)
+    torch.testing.assert_close(got.float(), want, rtol=4e-3, atol=1e-5)
+
+    heads, dim = 3, 32
+    cos_table, sin_table = torch.randn(20, dim // 2), torch.randn(20, dim // 2)
+    positions = torch.tensor([4, 0, 19])
+    qkv = torch.randn(3, heads * dim, generator=gen).bfloat16()
+    cos, sin = cos_table[positions].unsqueeze(1), sin_table[positions].unsqueeze(1)
+    want_rot = apply_rotary(qkv.float().view(3, heads, dim), cos, sin).view(3, -1)
+    cpu_fused.rope_(qkv, positions, cos_table, sin_table, heads, dim, march=march)
+    torch.testing.assert_close(qkv.float(), want_rot, rtol=4e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("march", TARGETS)
 def test_rope_rotates_q_and_k_in_place_and_leaves_v(march):
     heads, kv_heads, dim, tokens = 4, 2, 32, 6
     cos_table = torch.randn(50, dim // 2)
@@ -69,14 +102,15 @@ def test_rope_rotates_q_and_k_in_place_and_leaves_v(march):
     assert torch.equal(qkv[:, (heads + kv_heads) * dim:], v)
 
 
-def test_auto_picks_the_kernels_for_float32_on_cpu_only():
+def test_auto_picks_the_kernels_for_float32_and_bfloat16_on_cpu_only():
     cpu = torch.device("cpu")
     assert cpu_fused.pick_elementwise("auto", cpu, torch.float32) == "cpu"
-    assert cpu_fused.pick_elementwise("auto", cpu, torch.bfloat16) == "torch"
+    assert cpu_fused.pick_elementwise("auto", cpu, torch.bfloat16) == "cpu"
+    assert cpu_fused.pick_elementwise("auto", cpu, torch.float16) == "torch"
     assert cpu_fused.pick_elementwise("auto", torch.device("cuda"), torch.float32) == "torch"
     assert cpu_fused.pick_elementwise("torch", cpu, torch.float32) == "torch"
-    with pytest.raises(ValueError, match="needs a CPU device and float32"):
-        cpu_fused.pick_elementwise("cpu", cpu, torch.bfloat16)
+    with pytest.raises(ValueError, match="needs a CPU device and float32 or bfloat16"):
+        cpu_fused.pick_elementwise("cpu", cpu, torch.float16)
     with pytest.raises(ValueError, match="elementwise must be one of"):
         cpu_fused.pick_elementwise("fast", cpu, torch.float32)
 

@@ -73,7 +73,7 @@ def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
     dense = "onednn" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32, quantized=True) == dense
-    expected_bf16 = "onednn" if onednn_runs(torch.bfloat16) else "torch"
+    expected_bf16 = "onednn_packed" if onednn_runs(torch.bfloat16) else "torch"
     assert pick_linear_backend("auto", CPU, torch.bfloat16) == expected_bf16
     assert pick_linear_backend("auto", CPU, torch.float64) == "torch"
     assert pick_linear_backend("auto", CUDA, torch.bfloat16) == "torch"
@@ -119,7 +119,8 @@ def test_a_cpu_with_bfloat16_picks_onednn(monkeypatch):
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
     linear.onednn_runs.cache_clear()
     try:
-        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn"
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn_packed"
+        assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
     finally:
         linear.onednn_runs.cache_clear()
 

@@ -1,4 +1,5 @@
-/* Element-wise parts of a Llama layer for float32 on CPU, each one pass over memory.
+/* Element-wise parts of a Llama layer on CPU, each one pass over memory, for float32 and
+ * bfloat16 tensors (computed in float32 either way; bfloat16 results are rounded once).
  *
  * PyTorch runs RMSNorm as six kernels (square, mean, add, rsqrt, two multiplies) with a fresh
  * tensor after each, SiLU-and-multiply as two (the SiLU on a strided half), the residual add
@@ -8,81 +9,103 @@
  *
  * Built at run time by workers/runner/cpu_fused.py (cc -O3 -march=native -fopenmp), like the
  * decode kernel; loops are written for the compiler to vectorize (AVX-512, AVX2 or plain).
+ * Each operation is written once, as a macro over the element type, and instantiated below.
  */
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 /* Below this many elements a loop runs on the calling thread: waking the team costs more. */
 #define PARALLEL_MIN 32768
 
-/* out[r, i] = silu(x[r, i]) * x[r, n + i]: the fused gate_up projection's two halves. */
-void silu_mul_f32(const float *x, float *out, int64_t rows, int64_t n, int64_t x_stride,
-                  int64_t out_stride, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= PARALLEL_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = x + r * x_stride;
-        const float *up = gate + n;
-        float *o = out + r * out_stride;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            const float g = gate[i];
-            /* sigmoid from e = exp(-|g|) <= 1, which never overflows */
-            const float e = exp_nonpositive(-fabsf(g));
-            const float sigmoid = (g >= 0.0f ? 1.0f : e) / (1.0f + e);
-            o[i] = g * sigmoid * up[i];
-        }
-    }
-}
+static inline float load_f32(const float *p) { return *p; }
+static inline void store_f32(float *p, float x) { *p = x; }
+static inline float load_bf16(const bf16 *p) { return bf16_to_f32(*p); }
+static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
 
-/* With `add`, residual[r] += x[r] first; then out[r] = residual[r] / rms(residual[r]) * w.
- * Without it, out = rmsnorm(residual) (the first layer: the residual is the embedding). */
-void add_rms_norm_f32(const float *x, float *residual, float *out, const float *w,
-                      int64_t rows, int64_t n, float eps, int add, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * n >= PARALLEL_MIN)
-    for (int64_t r = 0; r < rows; r++) {
-        float *h = residual + r * n;
-        float *o = out + r * n;
-        float squares = 0.0f;
-        if (add) {
-            const float *xr = x + r * n;
-#pragma omp simd reduction(+ : squares)
-            for (int64_t i = 0; i < n; i++) {
-                const float v = h[i] + xr[i];
-                h[i] = v;
-                squares += v * v;
-            }
-        } else {
-#pragma omp simd reduction(+ : squares)
-            for (int64_t i = 0; i < n; i++) squares += h[i] * h[i];
-        }
-        const float inv = 1.0f / sqrtf(squares / (float)n + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) o[i] = h[i] * inv * w[i];
+/* out[r, i] = silu(x[r, i]) * x[r, n + i]: the fused gate_up projection's two halves. */
+#define DEFINE_SILU_MUL(T, SUFFIX)                                                            \
+    void silu_mul_##SUFFIX(const T *x, T *out, int64_t rows, int64_t n, int64_t x_stride,    \
+                           int64_t out_stride, int threads) {                                 \
+        _Pragma("omp parallel for num_threads(threads) if (rows * n >= PARALLEL_MIN)") \
+        for (int64_t r = 0; r < rows; r++) {                                                  \
+            const T *gate = x + r * x_stride;                                                 \
+            const T *up = gate + n;                                                           \
+            T *o = out + r * out_stride;                                                      \
+            _Pragma("omp simd")                                                               \
+            for (int64_t i = 0; i < n; i++) {                                                 \
+                const float g = load_##SUFFIX(gate + i);                                      \
+                /* sigmoid from e = exp(-|g|) <= 1, which never overflows */                  \
+                const float e = exp_nonpositive(-fabsf(g));                                   \
+                const float sigmoid = (g >= 0.0f ? 1.0f : e) / (1.0f + e);                    \
+                store_##SUFFIX(o + i, g * sigmoid * load_##SUFFIX(up + i));                   \
+            }                                                                                 \
+        }                                                                                     \
     }
-}
+
+/* With `add`, residual[r] += x[r] first (rounded to T, as the residual stream is stored);
+ * then out[r] = residual[r] / rms(residual[r]) * w. Without it, out = rmsnorm(residual)
+ * (the first layer: the residual is the embedding). */
+#define DEFINE_ADD_RMS_NORM(T, SUFFIX)                                                        \
+    void add_rms_norm_##SUFFIX(const T *x, T *residual, T *out, const T *w, int64_t rows,    \
+                               int64_t n, float eps, int add, int threads) {                  \
+        _Pragma("omp parallel for num_threads(threads) if (rows * n >= PARALLEL_MIN)") \
+        for (int64_t r = 0; r < rows; r++) {                                                  \
+            T *h = residual + r * n;                                                          \
+            T *o = out + r * n;                                                               \
+            float squares = 0.0f;                                                             \
+            if (add) {                                                                        \
+                const T *xr = x + r * n;                                                      \
+                _Pragma("omp simd reduction(+ : squares)")                                    \
+                for (int64_t i = 0; i < n; i++) {                                             \
+                    store_##SUFFIX(h + i, load_##SUFFIX(h + i) + load_##SUFFIX(xr + i));      \
+                    const float v = load_##SUFFIX(h + i);                                     \
+                    squares += v * v;                                                         \
+                }                                                                             \
+            } else {                                                                          \
+                _Pragma("omp simd reduction(+ : squares)")                                    \
+                for (int64_t i = 0; i < n; i++) {                                             \
+                    const float v = load_##SUFFIX(h + i);                                     \
+                    squares += v * v;                                                         \
+                }                                                                             \
+            }                                                                                 \
+            const float inv = 1.0f / sqrtf(squares / (float)n + eps);                         \
+            _Pragma("omp simd")                                                               \
+            for (int64_t i = 0; i < n; i++)                                                   \
+                store_##SUFFIX(o + i, load_##SUFFIX(h + i) * inv * load_##SUFFIX(w + i));     \
+        }                                                                                     \
+    }
 
 /* Rotate halves (HF's layout) of `heads` heads per token, in place: the q and k heads lead
- * each row of the fused qkv output. cos/sin are the model's tables [positions, dim / 2]. */
-void rope_f32(float *x, const int64_t *positions, const float *cos_table,
-              const float *sin_table, int64_t tokens, int64_t stride, int heads, int dim,
-              int threads) {
-    const int half = dim / 2;
-#pragma omp parallel for num_threads(threads) schedule(static) \
-    if (tokens * heads * dim >= PARALLEL_MIN)
-    for (int64_t t = 0; t < tokens; t++) {
-        const float *c = cos_table + positions[t] * half;
-        const float *s = sin_table + positions[t] * half;
-        for (int h = 0; h < heads; h++) {
-            float *x1 = x + t * stride + (int64_t)h * dim;
-            float *x2 = x1 + half;
-#pragma omp simd
-            for (int i = 0; i < half; i++) {
-                const float a = x1[i], b = x2[i];
-                x1[i] = a * c[i] - b * s[i];
-                x2[i] = b * c[i] + a * s[i];
-            }
-        }
+ * each row of the fused qkv output. cos/sin are the model's float32 tables
+ * [positions, dim / 2]. */
+#define DEFINE_ROPE(T, SUFFIX)                                                                \
+    void rope_##SUFFIX(T *x, const int64_t *positions, const float *cos_table,               \
+                       const float *sin_table, int64_t tokens, int64_t stride, int heads,     \
+                       int dim, int threads) {                                                \
+        const int half = dim / 2;                                                             \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * heads * dim >= PARALLEL_MIN)") \
+        for (int64_t t = 0; t < tokens; t++) {                                                \
+            const float *c = cos_table + positions[t] * half;                                 \
+            const float *s = sin_table + positions[t] * half;                                 \
+            for (int h = 0; h < heads; h++) {                                                 \
+                T *x1 = x + t * stride + (int64_t)h * dim;                                    \
+                T *x2 = x1 + half;                                                            \
+                _Pragma("omp simd")                                                           \
+                for (int i = 0; i < half; i++) {                                              \
+                    const float a = load_##SUFFIX(x1 + i), b = load_##SUFFIX(x2 + i);         \
+                    store_##SUFFIX(x1 + i, a * c[i] - b * s[i]);                              \
+                    store_##SUFFIX(x2 + i, b * c[i] + a * s[i]);                              \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
     }
-}
+
+DEFINE_SILU_MUL(float, f32)
+DEFINE_SILU_MUL(bf16, bf16)
+DEFINE_ADD_RMS_NORM(float, f32)
+DEFINE_ADD_RMS_NORM(bf16, bf16)
+DEFINE_ROPE(float, f32)
+DEFINE_ROPE(bf16, bf16)

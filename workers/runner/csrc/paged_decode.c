@@ -1,16 +1,17 @@
 /* Decode attention for CPU that reads K/V straight from the paged pool.
  *
- * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32 (or int8
- * rows with a scale, below). One task serves one sequence's KV heads (as many as its buffers
- * hold): it walks the sequence's block table and keeps an online softmax for every query head
- * of those KV heads' GQA groups, so each K/V byte is read once and nothing is gathered. While
- * a block is computed, the next one (anywhere in the pool) is prefetched into L2. Tasks are
- * spread over OpenMP threads.
+ * The pool of a layer is [num_blocks, num_kv_heads, block_size, head_dim], float32, bfloat16
+ * (with bfloat16 queries and output) or int8 rows with a scale (below). One task serves one
+ * sequence's KV heads (as many as its buffers hold): it walks the sequence's block table and
+ * keeps an online softmax for every query head of those KV heads' GQA groups, so each K/V
+ * byte is read once and nothing is gathered. While a block is computed, the start of the
+ * next one (anywhere in the pool) is prefetched. Tasks are spread over OpenMP threads.
  *
  * Per block and query row, two primitives: the row's scores against the block's keys, and
  * the weighted sum of the block's values into the row's accumulator. Built with AVX-512 they
- * use it when head_dim is a multiple of 16 (accumulators stay in registers across a block);
- * otherwise plain loops the compiler vectorizes.
+ * use it when head_dim is a multiple of 16 (accumulators stay in registers across a block),
+ * and for head_dim 64 or 128 with GQA groups of up to 4 a block is done for the whole group
+ * at once (`block_grouped`); otherwise plain loops the compiler vectorizes.
  *
  * Built at run time by workers/runner/cpu_decode.py (cc -O3 -march=native -fopenmp).
  */
@@ -19,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 #if defined(__AVX512F__)
@@ -29,6 +31,8 @@
 #define MAX_DIM 256
 #define MAX_BLOCK 256
 #define MAX_ROWS 32 /* query rows one task holds: >= MAX_GROUP */
+
+enum { POOL_F32 = 0, POOL_I8 = 1, POOL_BF16 = 2 };
 
 /* s[t] = exp(s[t] - shift); returns the sum. */
 static float exp_shifted(float *s, float shift, int n) {
@@ -108,11 +112,95 @@ static void accumulate_avx512(float *acc, const float *p, const float *vb, int n
 }
 #endif
 
-/* Prefetch `bytes` from k + base and v + base into L2, one 64-byte line per call. */
-static void prefetch_block(const char *k, const char *v, int64_t base, int64_t bytes) {
-    for (int64_t off = 0; off < bytes; off += 64) {
-        __builtin_prefetch(k + base + off, 0, 1);
-        __builtin_prefetch(v + base + off, 0, 1);
+#if defined(__AVX512F__)
+/* 16 elements of a float32 or bfloat16 row as float32 (a bfloat16 is a float32's high half). */
+static inline __attribute__((always_inline)) __m512 load16(const char *p, int bf) {
+    if (bf)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+    return _mm512_loadu_ps((const float *)p);
+}
+
+/* One block of one KV head for all `G` query rows of its GQA group at once, straight from the
+ * pool (float32 or bfloat16 rows, `bf`): each K and V row is loaded (and widened) once for
+ * the G rows instead of once per row, and the G rows' accumulators for 64 columns stay in
+ * registers across the block. `DIM` and `G` are constants at every call (below), so the
+ * column loops unroll and the query chunks stay in registers. */
+static inline __attribute__((always_inline)) void block_grouped(
+    float (*qs)[MAX_DIM], float (*acc)[MAX_DIM], float *m, float *l, const char *kh,
+    const char *vh, int n, const int DIM, const int G, const int bf) {
+    const int es = bf ? 2 : 4;
+    float s[4][MAX_BLOCK];
+    for (int t = 0; t < n; t++) {
+        const char *kt = kh + (int64_t)t * DIM * es;
+        __m512 a[4];
+        for (int r = 0; r < G; r++) a[r] = _mm512_setzero_ps();
+        for (int c = 0; c < DIM; c += 16) {
+            const __m512 kv = load16(kt + c * es, bf);
+            for (int r = 0; r < G; r++) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(qs[r] + c), kv, a[r]);
+        }
+        for (int r = 0; r < G; r++) s[r][t] = _mm512_reduce_add_ps(a[r]);
+    }
+    float corr[4];
+    for (int r = 0; r < G; r++) {
+        float mx = m[r];
+        for (int t = 0; t < n; t++) mx = s[r][t] > mx ? s[r][t] : mx;
+        corr[r] = expf(m[r] - mx); /* 0 on the first block: m is -inf */
+        m[r] = mx;
+        l[r] = l[r] * corr[r] + exp_shifted(s[r], mx, n);
+    }
+    for (int c = 0; c < DIM; c += 64) {
+        __m512 o[4][4];
+        for (int r = 0; r < G; r++) {
+            const __m512 cr = _mm512_set1_ps(corr[r]);
+            for (int j = 0; j < 4; j++) o[r][j] = _mm512_mul_ps(_mm512_loadu_ps(acc[r] + c + 16 * j), cr);
+        }
+        for (int t = 0; t < n; t++) {
+            const char *vt = vh + ((int64_t)t * DIM + c) * es;
+            __m512 vv[4];
+            for (int j = 0; j < 4; j++) vv[j] = load16(vt + 16 * j * es, bf);
+            for (int r = 0; r < G; r++) {
+                const __m512 w = _mm512_set1_ps(s[r][t]);
+                for (int j = 0; j < 4; j++) o[r][j] = _mm512_fmadd_ps(w, vv[j], o[r][j]);
+            }
+        }
+        for (int r = 0; r < G; r++)
+            for (int j = 0; j < 4; j++) _mm512_storeu_ps(acc[r] + c + 16 * j, o[r][j]);
+    }
+}
+
+#define GROUPED_CASE(DIM, G)                                                                 \
+    case G:                                                                                  \
+        if (bf)                                                                              \
+            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 1);                              \
+        else                                                                                 \
+            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 0);                              \
+        return 1;
+
+/* block_grouped for the shapes it is instantiated for (head_dim 64 or 128, groups of 1-4);
+ * returns 0, doing nothing, for any other. */
+static int block_grouped_any(float (*qs)[MAX_DIM], float (*acc)[MAX_DIM], float *m, float *l,
+                             const char *kh, const char *vh, int n, int dim, int group, int bf) {
+    if (dim == 64) {
+        switch (group) { GROUPED_CASE(64, 1) GROUPED_CASE(64, 2) GROUPED_CASE(64, 3)
+                         GROUPED_CASE(64, 4) }
+    } else if (dim == 128) {
+        switch (group) { GROUPED_CASE(128, 1) GROUPED_CASE(128, 2) GROUPED_CASE(128, 3)
+                         GROUPED_CASE(128, 4) }
+    }
+    return 0;
+}
+#endif
+
+/* Prefetch the first lines of each head's run of the next block: the hardware prefetcher
+ * follows a run once it starts, where one software prefetch per line stalled the loop. */
+static void prefetch_heads(const char *k, const char *v, int64_t base, int heads,
+                           int64_t head_stride) {
+    for (int j = 0; j < heads; j++) {
+        __builtin_prefetch(k + base + j * head_stride, 0, 1);
+        __builtin_prefetch(k + base + j * head_stride + 64, 0, 1);
+        __builtin_prefetch(v + base + j * head_stride, 0, 1);
+        __builtin_prefetch(v + base + j * head_stride + 64, 0, 1);
     }
 }
 
@@ -132,25 +220,38 @@ static void dequantize_block(const int8_t *src, int n, int dim, float *dst) {
     }
 }
 
+/* bfloat16 pool: a block's rows of one head are contiguous, widened once into a float buffer
+ * like the int8 rows above; half of float32's bytes are read from memory. */
+static void widen_block(const bf16 *src, int n, int dim, float *dst) {
+    const int64_t count = (int64_t)n * dim;
+#pragma omp simd
+    for (int64_t i = 0; i < count; i++) dst[i] = bf16_to_f32(src[i]);
+}
+
 /* One task: `heads` consecutive KV heads of one sequence and their query rows (`group` per
  * KV head, consecutive in q and out, row stride dim); k, v: the pool offset to the first of
- * those heads, in bytes, float32 rows or int8 ones (`int8`). A block's heads lie next to
- * each other in the pool, so the task reads one contiguous run per block (heads x
- * block_size rows of K, the same of V), which the hardware prefetcher follows better than
- * one head's rows alone. */
+ * those heads, in bytes, rows of the pool's type `kind`. q and out are float32, or bfloat16
+ * with a bfloat16 pool. A block's heads lie next to each other in the pool, so the task reads
+ * one contiguous run per block (heads x block_size rows of K, the same of V), which the
+ * hardware prefetcher follows better than one head's rows alone. */
 static inline __attribute__((always_inline)) void decode_task(
-    const float *q, const char *k, const char *v, float *out, const int32_t *table, int len,
-    int heads, int group, int dim, int block_size, int64_t block_stride, int int8, float scale,
+    const void *q, const char *k, const char *v, void *out, const int32_t *table, int len,
+    int heads, int group, int dim, int block_size, int64_t block_stride, int kind, float scale,
     int wide, float *kf, float *vf) {
     float qs[MAX_ROWS][MAX_DIM];
     float acc[MAX_ROWS][MAX_DIM];
     float m[MAX_ROWS], l[MAX_ROWS];
     float s[MAX_BLOCK];
     const int rows = heads * group;
-    const int64_t head_stride = (int64_t)block_size * (int8 ? dim + 4 : dim * 4); /* bytes */
+    /* the grouped primitives read float32 and bfloat16 rows in place */
+    const int grouped = wide && kind != POOL_I8 && group <= 4 && (dim == 64 || dim == 128);
+    const int row_bytes = kind == POOL_I8 ? dim + 4 : kind == POOL_BF16 ? dim * 2 : dim * 4;
+    const int64_t head_stride = (int64_t)block_size * row_bytes;
     for (int r = 0; r < rows; r++) {
         for (int d = 0; d < dim; d++) {
-            qs[r][d] = q[r * dim + d] * scale;
+            const float x = kind == POOL_BF16 ? bf16_to_f32(((const bf16 *)q)[r * dim + d])
+                                              : ((const float *)q)[r * dim + d];
+            qs[r][d] = x * scale;
             acc[r][d] = 0.0f;
         }
         m[r] = -INFINITY;
@@ -160,13 +261,24 @@ static inline __attribute__((always_inline)) void decode_task(
         const int64_t base = (int64_t)table[b] * block_stride;
         const int n = len - start < block_size ? len - start : block_size;
         if (start + block_size < len)
-            prefetch_block(k, v, (int64_t)table[b + 1] * block_stride, heads * head_stride);
+            prefetch_heads(k, v, (int64_t)table[b + 1] * block_stride, heads, head_stride);
         for (int j = 0; j < heads; j++) {
             const char *kh = k + base + j * head_stride, *vh = v + base + j * head_stride;
+#if defined(__AVX512F__)
+            if (grouped && block_grouped_any(qs + j * group, acc + j * group, m + j * group,
+                                             l + j * group, kh, vh, n, dim, group,
+                                             kind == POOL_BF16))
+                continue;
+#endif
             const float *kb = (const float *)kh, *vb = (const float *)vh;
-            if (int8) {
+            if (kind == POOL_I8) {
                 dequantize_block((const int8_t *)kh, n, dim, kf);
                 dequantize_block((const int8_t *)vh, n, dim, vf);
+            } else if (kind == POOL_BF16) {
+                widen_block((const bf16 *)kh, n, dim, kf);
+                widen_block((const bf16 *)vh, n, dim, vf);
+            }
+            if (kind != POOL_F32) {
                 kb = kf;
                 vb = vf;
             }
@@ -193,56 +305,76 @@ static inline __attribute__((always_inline)) void decode_task(
     }
     for (int r = 0; r < rows; r++) {
         const float inv = 1.0f / l[r];
-        for (int d = 0; d < dim; d++) out[r * dim + d] = acc[r][d] * inv;
+        for (int d = 0; d < dim; d++) {
+            if (kind == POOL_BF16)
+                ((bf16 *)out)[r * dim + d] = f32_to_bf16(acc[r][d] * inv);
+            else
+                ((float *)out)[r * dim + d] = acc[r][d] * inv;
+        }
     }
 }
 
 /* decode_task with the pool's type a constant, so each has its own loops. */
-static void decode_task_f32(const float *q, const char *k, const char *v, float *out,
+static void decode_task_f32(const void *q, const char *k, const char *v, void *out,
                             const int32_t *table, int len, int heads, int group, int dim,
                             int block_size, int64_t block_stride, float scale, int wide) {
-    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, 0, scale,
-                wide, NULL, NULL);
+    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, POOL_F32,
+                scale, wide, NULL, NULL);
 }
 
-static void decode_task_i8(const float *q, const char *k, const char *v, float *out,
+static void decode_task_i8(const void *q, const char *k, const char *v, void *out,
                            const int32_t *table, int len, int heads, int group, int dim,
                            int block_size, int64_t block_stride, float scale, int wide) {
     float kf[block_size * dim], vf[block_size * dim]; /* one block of one head, dequantized */
-    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, 1, scale,
-                wide, kf, vf);
+    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, POOL_I8,
+                scale, wide, kf, vf);
 }
 
-/* The entry point. The pool is [blocks, kv_heads, block_size, dim] float32 rows, or with
- * `int8` [blocks, kv_heads, block_size, dim + 4] bytes (int8 values and a float32 scale); q
- * and out are float32 either way. Sequences x chunks of KV heads (as many heads per task as
- * the row buffers hold) are spread over OpenMP threads; `plain` forces the portable loops.
- * Returns 0, or -1 when a shape is past this kernel's fixed limits (checked by the caller
- * first; this is the last guard before a stack overrun). */
-int paged_decode(const float *q, const void *k_pool, const void *v_pool, float *out,
+static void decode_task_bf16(const void *q, const char *k, const char *v, void *out,
+                             const int32_t *table, int len, int heads, int group, int dim,
+                             int block_size, int64_t block_stride, float scale, int wide) {
+    float kf[block_size * dim], vf[block_size * dim]; /* one block of one head, widened */
+    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride,
+                POOL_BF16, scale, wide, kf, vf);
+}
+
+/* The entry point. The pool is [blocks, kv_heads, block_size, dim] rows of `kind`: float32,
+ * bfloat16, or int8 ([..., dim + 4] bytes: int8 values and a float32 scale). q and out are
+ * bfloat16 with a bfloat16 pool, float32 otherwise. Sequences x chunks of KV heads (as many
+ * heads per task as the row buffers hold) are spread over OpenMP threads; `plain` forces the
+ * portable loops. Returns 0, or -1 when a shape is past this kernel's fixed limits or `kind`
+ * is unknown (checked by the caller first; this is the last guard before a stack overrun). */
+int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *out,
                  const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
                  int num_kv_heads, int head_dim, int block_size, int table_stride,
                  int64_t q_token_stride, int64_t out_token_stride, float scale,
-                 int num_threads, int plain, int int8) {
+                 int num_threads, int plain, int kind) {
     const char *k_cache = k_pool, *v_cache = v_pool;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
+    if (kind != POOL_F32 && kind != POOL_I8 && kind != POOL_BF16) return -1;
     const int wide = !plain && head_dim % 16 == 0;
-    const int64_t head_stride = (int64_t)block_size * (int8 ? head_dim + 4 : head_dim * 4);
+    const int row_bytes = kind == POOL_I8 ? head_dim + 4 : kind == POOL_BF16 ? head_dim * 2
+                                                                             : head_dim * 4;
+    const int io_bytes = kind == POOL_BF16 ? 2 : 4; /* q and out elements */
+    const int64_t head_stride = (int64_t)block_size * row_bytes;
     const int64_t block_stride = (int64_t)num_kv_heads * head_stride;
     const int per_task = MAX_ROWS / group < num_kv_heads ? MAX_ROWS / group : num_kv_heads;
     const int chunks = (num_kv_heads + per_task - 1) / per_task;
     const int tasks = num_seqs * chunks;
+    void (*task_fn)(const void *, const char *, const char *, void *, const int32_t *, int, int,
+                    int, int, int, int64_t, float, int) =
+        kind == POOL_I8 ? decode_task_i8 : kind == POOL_BF16 ? decode_task_bf16
+                                                             : decode_task_f32;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
     for (int task = 0; task < tasks; task++) {
         const int seq = task / chunks, h = (task % chunks) * per_task;
         const int heads = num_kv_heads - h < per_task ? num_kv_heads - h : per_task;
-        const int64_t q_off = seq * q_token_stride + (int64_t)h * group * head_dim;
-        const int64_t o_off = seq * out_token_stride + (int64_t)h * group * head_dim;
-        (int8 ? decode_task_i8 : decode_task_f32)(
-            q + q_off, k_cache + h * head_stride, v_cache + h * head_stride, out + o_off,
-            tables + (int64_t)seq * table_stride, lens[seq], heads, group, head_dim, block_size,
-            block_stride, scale, wide);
+        const int64_t q_off = (seq * q_token_stride + (int64_t)h * group * head_dim) * io_bytes;
+        const int64_t o_off = (seq * out_token_stride + (int64_t)h * group * head_dim) * io_bytes;
+        task_fn((const char *)q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
+                (char *)out + o_off, tables + (int64_t)seq * table_stride, lens[seq], heads,
+                group, head_dim, block_size, block_stride, scale, wide);
     }
     return 0;
 }
