@@ -89,6 +89,7 @@ def instrument(llm: Any, timers: Timers) -> None:
     timers.wrap(model_mod, "write_kv", "write_kv")
     timers.wrap(model_mod, "apply_rotary", "rope")
     timers.wrap(cpu_fused, "rope_", "rope")
+    timers.wrap(cpu_fused, "store_kv", "write_kv")
     timers.wrap(cpu_fused, "silu_mul", "silu_mul")
     # Inside attention: the decode kernel (looked up at each call), prefill without and with
     # cached context (the latter includes gathering that context out of the pool).

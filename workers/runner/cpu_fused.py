@@ -1,6 +1,6 @@
 """One-pass element-wise kernels for float32 and bfloat16 on CPU: SiLU-and-multiply, residual
-add with RMSNorm, and RoPE in place (`csrc/fused_ops.c`; bfloat16 is computed in float32 and
-rounded once per result).
+add with RMSNorm, RoPE in place, and the new K/V rows' copy into the pool (`csrc/fused_ops.c`;
+bfloat16 is computed in float32 and rounded once per result).
 
 On a CPU these parts are memory passes, and PyTorch makes several per part (RMSNorm alone is
 six kernels, each writing a fresh tensor). Profiled over the standard workload they were about
@@ -39,6 +39,7 @@ def load_library(march: str = "native") -> ctypes.CDLL:
             "silu_mul": [_P, _P, _I64, _I64, _I64, _I64, _INT],
             "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT],
             "rope": [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT],
+            "store_kv": [_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _INT],
         }
         for name, argtypes in signatures.items():
             fn = getattr(lib, f"{name}_{suffix}")
@@ -113,3 +114,17 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     _kernel("rope", x.dtype, march)(x.data_ptr(), positions.data_ptr(), cos.data_ptr(),
                                     sin.data_ptr(), tokens, x.stride(0), heads, head_dim,
                                     _threads())
+
+
+def store_kv(qkv: torch.Tensor, k_col: int, kv_heads: int, head_dim: int, rows: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, *, march: str = "native") -> None:
+    """Copy each token's K and V heads, found in its qkv row from column `k_col` on (K, then
+    V), into the pools at `rows` ([tokens * kv_heads], rows of the pools viewed as
+    [-1, head_dim]): one pass, where PyTorch made contiguous copies and then indexed them."""
+    tokens = qkv.shape[0]
+    assert qkv.stride(-1) == 1 and k_cache.dtype == v_cache.dtype == qkv.dtype
+    assert k_cache.is_contiguous() and v_cache.is_contiguous() and k_cache.shape[-1] == head_dim
+    assert rows.dtype == torch.long and rows.is_contiguous() and rows.numel() == tokens * kv_heads
+    _kernel("store_kv", qkv.dtype, march)(qkv.data_ptr(), tokens, qkv.stride(0), k_col,
+                                          kv_heads, head_dim, rows.data_ptr(),
+                                          k_cache.data_ptr(), v_cache.data_ptr(), _threads())

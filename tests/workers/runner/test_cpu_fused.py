@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
 from workers.runner import cpu_fused
+from workers.runner.attention import write_kv
 from workers.runner.model import RMSNorm
 from workers.runner.rope import apply_rotary
 
@@ -137,3 +138,24 @@ def test_the_engine_gives_the_same_tokens_with_either(tiny_llama_path):
         assert llm.engine.runner.model.elementwise == name
         outs[name] = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs["cpu"] == outs["torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("march", TARGETS)
+def test_store_kv_writes_what_write_kv_writes(dtype, march):
+    """The C copy of a step's K/V heads from the qkv rows into the pool equals PyTorch's
+    index_copy, and touches no other row."""
+    heads, kv_heads, dim, tokens, blocks, block_size = 4, 2, 32, 5, 6, 4
+    qkv = torch.randn(tokens, 100 + (heads + 2 * kv_heads) * dim).to(dtype)[:, 100:]
+    k_col = heads * dim
+    slots = torch.tensor([0, 9, 10, 23, 5])
+    rows = ((slots // block_size * kv_heads * block_size + slots % block_size)[:, None]
+            + torch.arange(kv_heads) * block_size).flatten()
+    want_k = torch.randn(blocks, kv_heads, block_size, dim).to(dtype)
+    want_v = torch.randn(blocks, kv_heads, block_size, dim).to(dtype)
+    got_k, got_v = want_k.clone(), want_v.clone()
+    k = qkv[:, k_col: k_col + kv_heads * dim].reshape(tokens, kv_heads, dim)
+    v = qkv[:, k_col + kv_heads * dim:].reshape(tokens, kv_heads, dim)
+    write_kv(want_k, want_v, k, v, rows)
+    cpu_fused.store_kv(qkv, k_col, kv_heads, dim, rows, got_k, got_v, march=march)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)

@@ -159,3 +159,19 @@ def test_packed_weights_give_the_plain_product_and_batch_invariant_rows():
     torch.testing.assert_close(full, onednn_linear(x, weight), rtol=1e-5, atol=1e-4)
     for rows in (2, 7, 16, 33):
         assert torch.equal(onednn_linear(x[:rows].contiguous(), packed), full[:rows])
+
+
+@needs_onednn
+def test_packing_gives_a_tied_head_its_own_blocked_copy_and_the_same_logits():
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    model = LlamaModel(config, max_positions=64)
+    model.use_linear_kernel(onednn_linear)
+    x = torch.randn(5, 64)
+    dense = model.compute_logits(x)
+    assert model.head_weight is None
+    model.pack_linears()
+    assert model.head_weight is not None and model.head_weight.is_mkldnn
+    assert not model.embed_tokens.weight.is_mkldnn  # lookups still read the dense table
+    torch.testing.assert_close(model.compute_logits(x), dense, rtol=1e-5, atol=1e-4)

@@ -13,6 +13,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "bf16.h"
 #include "fast_exp.h"
@@ -103,9 +104,31 @@ static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
         }                                                                                     \
     }
 
+/* The step's new K and V rows, which follow the q heads in each row of the fused qkv output
+ * (k at column k_col, v at k_col + kv_heads * dim), copied into the pools at `rows`
+ * ([tokens * kv_heads] row indices into the pools viewed as [-1, dim]). */
+#define DEFINE_STORE_KV(T, SUFFIX)                                                            \
+    void store_kv_##SUFFIX(const T *qkv, int64_t tokens, int64_t stride, int64_t k_col,      \
+                           int kv_heads, int dim, const int64_t *rows, T *k_pool, T *v_pool,  \
+                           int threads) {                                                     \
+        const int64_t v_col = k_col + (int64_t)kv_heads * dim;                                \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * kv_heads * dim >= PARALLEL_MIN)") \
+        for (int64_t t = 0; t < tokens; t++) {                                                \
+            for (int h = 0; h < kv_heads; h++) {                                              \
+                const int64_t row = rows[t * kv_heads + h] * dim;                             \
+                memcpy(k_pool + row, qkv + t * stride + k_col + (int64_t)h * dim,             \
+                       (size_t)dim * sizeof(T));                                              \
+                memcpy(v_pool + row, qkv + t * stride + v_col + (int64_t)h * dim,             \
+                       (size_t)dim * sizeof(T));                                              \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
 DEFINE_SILU_MUL(float, f32)
 DEFINE_SILU_MUL(bf16, bf16)
 DEFINE_ADD_RMS_NORM(float, f32)
 DEFINE_ADD_RMS_NORM(bf16, bf16)
 DEFINE_ROPE(float, f32)
 DEFINE_ROPE(bf16, bf16)
+DEFINE_STORE_KV(float, f32)
+DEFINE_STORE_KV(bf16, bf16)
