@@ -10,6 +10,7 @@ from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
 from workers.runner import cpu_fused
 from workers.runner.attention import write_kv
+from workers.runner.linear import onednn_runs
 from workers.runner.model import RMSNorm
 from workers.runner.rope import apply_rotary
 
@@ -159,3 +160,32 @@ def test_store_kv_writes_what_write_kv_writes(dtype, march):
     write_kv(want_k, want_v, k, v, rows)
     cpu_fused.store_kv(qkv, k_col, kv_heads, dim, rows, got_k, got_v, march=march)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
+@pytest.mark.skipif(not onednn_runs(torch.bfloat16), reason="this CPU has no bfloat16 matmul")
+def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_path):
+    """bfloat16 on CPU: the decode kernel, the element-wise kernels and blocked weights are
+    chosen, and while its greedy tokens agree with the float32 engine's, each token's logprob
+    is float32's within bfloat16 noise (the all-PyTorch bfloat16 engine is off by up to 0.13
+    here). A random tiny model is full of near-ties, so any rounding forks the sequences after
+    some tokens; a wrong kernel would fork them at once or move the logprobs far more."""
+    prompts = [[(7 * i + j) % 250 + 3 for j in range(n)] for i, n in enumerate((5, 40, 130))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
+    outs = {}
+    for dtype, name in (("float32", "torch"), ("bfloat16", "auto")):
+        llm = LLM(str(tiny_llama_path), kv_cache_memory=1 << 22, device="cpu", dtype=dtype,
+                  elementwise=name, attention_backend=name, linear_backend=name,
+                  max_num_batched_tokens=64)
+        runner = llm.engine.runner
+        if dtype == "bfloat16":
+            assert runner.model.elementwise == runner.attention_backend == "cpu"
+            assert runner.linear_backend == "onednn_packed"
+        outs[dtype] = [o.outputs[0] for o in llm.generate(prompts, params)]
+    compared = 0
+    for got, want in zip(outs["bfloat16"], outs["float32"], strict=True):
+        for a, b in zip(got.logprobs, want.logprobs, strict=True):
+            if a.token_id != b.token_id:
+                break
+            assert abs(a.logprob - b.logprob) < 0.2
+            compared += 1
+    assert compared >= 24  # the prefill's token and many decode steps on each prompt
