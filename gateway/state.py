@@ -123,6 +123,7 @@ class GatewayState:
         return EmbeddedDeployment(config, AsyncLLMEngine(
             None if model in (None, "default") else model,
             device=self.settings.embedded_device,
+            dtype=self.settings.embedded_dtype,
             kv_cache_memory=self.settings.embedded_kv_cache_memory,
             max_num_seqs=self.settings.embedded_max_num_seqs,
             long_prefill_token_threshold=self.settings.embedded_long_prefill_token_threshold,

@@ -24,3 +24,12 @@ def test_embedded_int8_compute_is_checked(monkeypatch):
     monkeypatch.setenv("SWITCHBOARD_EMBEDDED_INT8_COMPUTE", "int4")
     with pytest.raises(ValidationError, match="embedded_int8_compute"):
         Settings()
+
+
+def test_embedded_dtype_is_checked(monkeypatch):
+    assert Settings().embedded_dtype is None  # the engine's own default
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_DTYPE", "bfloat16")
+    assert Settings().embedded_dtype == "bfloat16"
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_DTYPE", "float16")
+    with pytest.raises(ValidationError, match="embedded_dtype"):
+        Settings()
