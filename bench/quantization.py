@@ -85,7 +85,7 @@ def model_figures() -> dict:
 
     text = (ROOT / "tests" / "data" / "heldout.txt").read_text()
     figures: dict = {"settings": []}
-    for settings in ({}, {"quantization": "int8"},
+    for settings in ({}, {"dtype": "bfloat16"}, {"quantization": "int8"},
                      {"quantization": "int8", "int8_compute": "model"},
                      {"kv_cache_dtype": "int8"},
                      {"quantization": "int8", "kv_cache_dtype": "int8"}):
@@ -104,7 +104,8 @@ def model_figures() -> dict:
     return figures
 
 
-SETTINGS = {"float32": {}, "int8 weights": {"quantization": "int8"},
+SETTINGS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"},
+            "int8 weights": {"quantization": "int8"},
             "int8 w, f32 mm": {"quantization": "int8", "int8_compute": "model"},
             "int8 KV": {"kv_cache_dtype": "int8"},
             "both": {"quantization": "int8", "kv_cache_dtype": "int8"}}
