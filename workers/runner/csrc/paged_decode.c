@@ -35,7 +35,7 @@
 enum { POOL_F32 = 0, POOL_I8 = 1, POOL_BF16 = 2 };
 
 /* s[t] = exp(s[t] - shift); returns the sum. */
-static float exp_shifted(float *s, float shift, int n) {
+static inline __attribute__((always_inline)) float exp_shifted(float *s, float shift, int n) {
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int t = 0; t < n; t++) {
@@ -144,8 +144,13 @@ static inline __attribute__((always_inline)) void block_grouped(
     float corr[4];
     for (int r = 0; r < G; r++) {
         float mx = m[r];
-        for (int t = 0; t < n; t++) mx = s[r][t] > mx ? s[r][t] : mx;
-        corr[r] = expf(m[r] - mx); /* 0 on the first block: m is -inf */
+        if (n == 16) { /* a whole block of the default size: the max in one vector op */
+            const float block_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s[r]));
+            mx = block_max > mx ? block_max : mx;
+        } else {
+            for (int t = 0; t < n; t++) mx = s[r][t] > mx ? s[r][t] : mx;
+        }
+        corr[r] = exp_nonpositive(m[r] - mx); /* 0 on the first block: m is -inf */
         m[r] = mx;
         l[r] = l[r] * corr[r] + exp_shifted(s[r], mx, n);
     }
