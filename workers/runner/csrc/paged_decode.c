@@ -296,7 +296,7 @@ static inline __attribute__((always_inline)) void decode_task(
                     scores_plain(qs[r], kb, n, dim, s);
                 float mx = m[r];
                 for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-                const float correction = expf(m[r] - mx); /* 0 on the first block: m is -inf */
+                const float correction = exp_nonpositive(m[r] - mx); /* 0 on the first block */
                 m[r] = mx;
                 l[r] = l[r] * correction + exp_shifted(s, mx, n);
 #if defined(__AVX512F__)
