@@ -45,6 +45,26 @@ static inline __attribute__((always_inline)) float exp_shifted(float *s, float s
     return total;
 }
 
+/* One block's scores s[0..n) into a row's online softmax: the running max m and sum l take
+ * the block in, s becomes exp(s - max); returns the factor the row's accumulator is rescaled
+ * by (0 on the first block, where m is -inf). Both the grouped and the per-row paths call
+ * it, so an int8 pool (per row) gives the float pool's bits (grouped). */
+static inline __attribute__((always_inline)) float softmax_block(float *s, int n, float *m,
+                                                                 float *l) {
+    float mx = *m;
+#if defined(__AVX512F__)
+    if (n == 16) { /* a whole block of the default size: the max in one vector op */
+        const float block_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s));
+        mx = block_max > mx ? block_max : mx;
+    } else
+#endif
+        for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
+    const float correction = exp_nonpositive(*m - mx);
+    *m = mx;
+    *l = *l * correction + exp_shifted(s, mx, n);
+    return correction;
+}
+
 static void scores_plain(const float *qg, const float *kb, int n, int dim, float *s) {
     for (int t = 0; t < n; t++) {
         const float *kt = kb + (int64_t)t * dim;
@@ -142,18 +162,7 @@ static inline __attribute__((always_inline)) void block_grouped(
         for (int r = 0; r < G; r++) s[r][t] = _mm512_reduce_add_ps(a[r]);
     }
     float corr[4];
-    for (int r = 0; r < G; r++) {
-        float mx = m[r];
-        if (n == 16) { /* a whole block of the default size: the max in one vector op */
-            const float block_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s[r]));
-            mx = block_max > mx ? block_max : mx;
-        } else {
-            for (int t = 0; t < n; t++) mx = s[r][t] > mx ? s[r][t] : mx;
-        }
-        corr[r] = exp_nonpositive(m[r] - mx); /* 0 on the first block: m is -inf */
-        m[r] = mx;
-        l[r] = l[r] * corr[r] + exp_shifted(s[r], mx, n);
-    }
+    for (int r = 0; r < G; r++) corr[r] = softmax_block(s[r], n, &m[r], &l[r]);
     for (int c = 0; c < DIM; c += 64) {
         __m512 o[4][4];
         for (int r = 0; r < G; r++) {
@@ -294,11 +303,7 @@ static inline __attribute__((always_inline)) void decode_task(
                 else
 #endif
                     scores_plain(qs[r], kb, n, dim, s);
-                float mx = m[r];
-                for (int t = 0; t < n; t++) mx = s[t] > mx ? s[t] : mx;
-                const float correction = exp_nonpositive(m[r] - mx); /* 0 on the first block */
-                m[r] = mx;
-                l[r] = l[r] * correction + exp_shifted(s, mx, n);
+                const float correction = softmax_block(s, n, &m[r], &l[r]);
 #if defined(__AVX512F__)
                 if (wide)
                     accumulate_avx512(acc[r], s, vb, n, dim, correction);
@@ -319,29 +324,22 @@ static inline __attribute__((always_inline)) void decode_task(
     }
 }
 
-/* decode_task with the pool's type a constant, so each has its own loops. */
-static void decode_task_f32(const void *q, const char *k, const char *v, void *out,
-                            const int32_t *table, int len, int heads, int group, int dim,
-                            int block_size, int64_t block_stride, float scale, int wide) {
-    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, POOL_F32,
-                scale, wide, NULL, NULL);
-}
+/* decode_task with the pool's type a constant, so each has its own loops. int8 and bfloat16
+ * rows that no grouped path reads in place are turned into float32 in a buffer of one block
+ * of one head (`buffered`). */
+#define DEFINE_DECODE_TASK(SUFFIX, KIND, BUFFERED)                                             \
+    static void decode_task_##SUFFIX(const void *q, const char *k, const char *v, void *out,  \
+                                     const int32_t *table, int len, int heads, int group,     \
+                                     int dim, int block_size, int64_t block_stride,           \
+                                     float scale, int wide) {                                 \
+        float kf[BUFFERED ? block_size * dim : 1], vf[BUFFERED ? block_size * dim : 1];       \
+        decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride,    \
+                    KIND, scale, wide, kf, vf);                                               \
+    }
 
-static void decode_task_i8(const void *q, const char *k, const char *v, void *out,
-                           const int32_t *table, int len, int heads, int group, int dim,
-                           int block_size, int64_t block_stride, float scale, int wide) {
-    float kf[block_size * dim], vf[block_size * dim]; /* one block of one head, dequantized */
-    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride, POOL_I8,
-                scale, wide, kf, vf);
-}
-
-static void decode_task_bf16(const void *q, const char *k, const char *v, void *out,
-                             const int32_t *table, int len, int heads, int group, int dim,
-                             int block_size, int64_t block_stride, float scale, int wide) {
-    float kf[block_size * dim], vf[block_size * dim]; /* one block of one head, widened */
-    decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride,
-                POOL_BF16, scale, wide, kf, vf);
-}
+DEFINE_DECODE_TASK(f32, POOL_F32, 0)
+DEFINE_DECODE_TASK(i8, POOL_I8, 1)
+DEFINE_DECODE_TASK(bf16, POOL_BF16, 1)
 
 /* The entry point. The pool is [blocks, kv_heads, block_size, dim] rows of `kind`: float32,
  * bfloat16, or int8 ([..., dim + 4] bytes: int8 values and a float32 scale). q and out are
