@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     embedded_model_name: str = "smollm2-135m-instruct"
     embedded_device: str | None = None
     # None: the engine's default (float32 on CPU, bfloat16 on CUDA). On a CPU with AMX,
-    # bfloat16 made 2.2x float32's standard-workload tok/s (docs/benchmarks.md).
+    # bfloat16 made 2.3x float32's standard-workload tok/s (docs/benchmarks.md).
     embedded_dtype: Literal["float32", "bfloat16"] | None = None
     embedded_kv_cache_memory: int | None = None
     embedded_max_num_seqs: int = 64

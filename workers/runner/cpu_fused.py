@@ -27,6 +27,13 @@ _I64 = ctypes.c_int64
 _INT = ctypes.c_int
 # each kernel's name suffix for the tensors' dtype
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# each kernel's arguments (the same for every dtype)
+_SIGNATURES = {
+    "silu_mul": [_P, _P, _I64, _I64, _I64, _I64, _INT],
+    "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT],
+    "rope": [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT],
+    "store_kv": [_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _INT],
+}
 
 
 @functools.cache
@@ -35,13 +42,7 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     RuntimeError if it cannot be."""
     lib = cbuild.build_and_load("fused_ops", "CPU element-wise kernels", march)
     for suffix in _SUFFIX.values():
-        signatures = {
-            "silu_mul": [_P, _P, _I64, _I64, _I64, _I64, _INT],
-            "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT],
-            "rope": [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT],
-            "store_kv": [_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _INT],
-        }
-        for name, argtypes in signatures.items():
+        for name, argtypes in _SIGNATURES.items():
             fn = getattr(lib, f"{name}_{suffix}")
             fn.restype = None
             fn.argtypes = argtypes
