@@ -61,8 +61,8 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     """`auto` is oneDNN on CPU for float32/bfloat16 where this build and this CPU run it
     (`onednn_runs`), else torch; float weights are blocked once at load (`onednn_packed`:
     float32 1.3x faster decode steps at 8 rows, 3-5% more standard-workload tok/s on an
-    AVX-512 EPYC, no loss measured on an AVX2 one; bfloat16 on an AMX Xeon 1.4-2x faster
-    matmuls at 8-64 rows, 9% more standard-workload tok/s). Int8 weights (`quantized`) stay
+    AVX-512 EPYC, no loss measured on an AVX2 one; bfloat16 on an AMX Xeon 1.3-2.1x faster
+    matmuls at 1-64 rows, 9% more standard-workload tok/s). Int8 weights (`quantized`) stay
     dense: they are cast per call.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.

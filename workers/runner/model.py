@@ -187,8 +187,8 @@ class LlamaModel(nn.Module):
         """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
         A tied LM head reads the embedding, which lookups need dense, so the head gets a
         blocked copy of its own (one more vocabulary x hidden table, as vLLM's CPU build
-        keeps): the head matmul at 8-64 rows took 0.45-0.65x of the dense one's time in
-        bfloat16 and 0.5-0.9x in float32 on an AMX Xeon (docs/benchmarks.md)."""
+        keeps): the head matmul at 1-64 rows took 0.51-0.56x of the dense one's time in
+        bfloat16 and 0.63-0.97x in float32 on an AMX Xeon (docs/benchmarks.md)."""
         for module in self.modules():
             if isinstance(module, Linear):
                 module.weight = nn.Parameter(pack_weight(module.weight), requires_grad=False)
