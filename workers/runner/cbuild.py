@@ -22,7 +22,11 @@ import tempfile
 from pathlib import Path
 
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ("-O3", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+# -fno-trapping-math lets the compiler vectorize loops with selects around arithmetic (the
+# softmax exp, SiLU): without it gcc 12 left them scalar on AVX2 (3.5x slower SiLU-and-multiply
+# than torch on a Zen 3). It permits no reassociation, so each element's value is unchanged.
+FLAGS = ("-O3", "-fno-trapping-math", "-fno-math-errno", "-fopenmp", "-fPIC", "-shared",
+         "-std=c11")
 
 
 def compiler() -> str | None:
