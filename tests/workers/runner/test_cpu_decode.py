@@ -76,8 +76,8 @@ def dense_reference(q, k_cache, v_cache, tables, lens, scale, block_size):
 @pytest.mark.parametrize("plain", [False, True])
 @pytest.mark.parametrize("march", build_targets())
 def test_every_code_path_equals_the_dense_reference(head_dim, plain, march):
-    """AVX-512 where the build has it and head_dim allows, and the portable loops, built for
-    this CPU and for the AVX2 and SSE2 targets other CPUs get."""
+    """AVX-512 or AVX2 where the build has it and head_dim allows, and the portable loops,
+    built for this CPU and for the AVX2 and SSE2 targets other CPUs get."""
     g = torch.Generator().manual_seed(head_dim)
     block_size, num_blocks = 16, 80
     k_cache = torch.randn(num_blocks, 2, block_size, head_dim, generator=g)

@@ -8,10 +8,11 @@
  * next one (anywhere in the pool) is prefetched. Tasks are spread over OpenMP threads.
  *
  * Per block and query row, two primitives: the row's scores against the block's keys, and
- * the weighted sum of the block's values into the row's accumulator. Built with AVX-512 they
- * use it when head_dim is a multiple of 16 (accumulators stay in registers across a block),
- * and for head_dim 64 or 128 with GQA groups of up to 4 a block is done for the whole group
- * at once (`block_grouped`); otherwise plain loops the compiler vectorizes.
+ * the weighted sum of the block's values into the row's accumulator. Built with AVX-512 or
+ * AVX2+FMA they use it when head_dim is a multiple of 16 (accumulators stay in registers
+ * across a block; with AVX2 eight tokens' scores are reduced at once), and with AVX-512 for
+ * head_dim 64 or 128 and GQA groups of up to 4 a block is done for the whole group at once
+ * (`block_grouped`); otherwise plain loops the compiler vectorizes.
  *
  * Built at run time by workers/runner/cpu_decode.py (cc -O3 -march=native -fopenmp).
  */
@@ -23,7 +24,7 @@
 #include "bf16.h"
 #include "fast_exp.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -55,6 +56,15 @@ static inline __attribute__((always_inline)) float softmax_block(float *s, int n
 #if defined(__AVX512F__)
     if (n == 16) { /* a whole block of the default size: the max in one vector op */
         const float block_max = _mm512_reduce_max_ps(_mm512_loadu_ps(s));
+        mx = block_max > mx ? block_max : mx;
+    } else
+#elif defined(__AVX2__)
+    if (n == 16) {
+        __m256 v = _mm256_max_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
+        v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+        v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4e));
+        v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xb1));
+        const float block_max = _mm256_cvtss_f32(v);
         mx = block_max > mx ? block_max : mx;
     } else
 #endif
@@ -130,6 +140,66 @@ static void accumulate_avx512(float *acc, const float *p, const float *vb, int n
         _mm512_storeu_ps(acc + c, a);
     }
 }
+#endif
+
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* The same two primitives for AVX2 (8 floats a vector, 16 registers). */
+
+/* Eight 8-wide vectors to one vector of their eight horizontal sums (lane j: sum of v[j]). */
+static inline __attribute__((always_inline)) __m256 sum8x8(const __m256 *v) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* Eight tokens at a time: eight independent FMA chains (one per token) and one reduction
+ * for all eight, where one token at a time waits on a single chain and reduces alone. */
+static void scores_avx2(const float *qg, const float *kb, int n, int dim, float *s) {
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+        for (int c = 0; c < dim; c += 8) {
+            const __m256 q = _mm256_loadu_ps(qg + c);
+            for (int j = 0; j < 8; j++)
+                a[j] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kb + (int64_t)(t + j) * dim + c), a[j]);
+        }
+        _mm256_storeu_ps(s + t, sum8x8(a));
+    }
+    if (t < n) scores_plain(qg, kb + (int64_t)t * dim, n - t, dim, s + t);
+}
+
+/* A row's accumulator stays in registers across the block, 64 columns (eight vectors, eight
+ * independent FMA chains) at a time. */
+static void accumulate_avx2(float *acc, const float *p, const float *vb, int n, int dim,
+                            float correction) {
+    const __m256 corr = _mm256_set1_ps(correction);
+    int c = 0;
+    for (; c + 64 <= dim; c += 64) {
+        __m256 a[8];
+        for (int j = 0; j < 8; j++) a[j] = _mm256_mul_ps(_mm256_loadu_ps(acc + c + 8 * j), corr);
+        for (int t = 0; t < n; t++) {
+            const float *vt = vb + (int64_t)t * dim + c;
+            const __m256 w = _mm256_set1_ps(p[t]);
+            for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * j), a[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(acc + c + 8 * j, a[j]);
+    }
+    for (; c < dim; c += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + c), corr);
+        for (int t = 0; t < n; t++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(vb + (int64_t)t * dim + c), a);
+        _mm256_storeu_ps(acc + c, a);
+    }
+}
+#endif
+
+#if defined(__AVX512F__)
+#define scores_wide scores_avx512
+#define accumulate_wide accumulate_avx512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define scores_wide scores_avx2
+#define accumulate_wide accumulate_avx2
 #endif
 
 #if defined(__AVX512F__)
@@ -297,16 +367,16 @@ static inline __attribute__((always_inline)) void decode_task(
                 vb = vf;
             }
             for (int r = j * group; r < (j + 1) * group; r++) {
-#if defined(__AVX512F__)
+#if defined(scores_wide)
                 if (wide)
-                    scores_avx512(qs[r], kb, n, dim, s);
+                    scores_wide(qs[r], kb, n, dim, s);
                 else
 #endif
                     scores_plain(qs[r], kb, n, dim, s);
                 const float correction = softmax_block(s, n, &m[r], &l[r]);
-#if defined(__AVX512F__)
+#if defined(accumulate_wide)
                 if (wide)
-                    accumulate_avx512(acc[r], s, vb, n, dim, correction);
+                    accumulate_wide(acc[r], s, vb, n, dim, correction);
                 else
 #endif
                     accumulate_plain(acc[r], s, vb, n, dim, correction);
