@@ -1,7 +1,7 @@
 """Build the C kernels in `csrc/` at first use and load them with ctypes.
 
-Each kernel is plain C with a C ABI, compiled with the system compiler (`cc -O3 -march=native
--fopenmp`, under a second) and cached per source (headers included), flags and CPU in the
+Each kernel is plain C with a C ABI, compiled with the system compiler (`cc` with `FLAGS` and
+`-march=native`, under a second) and cached per source (headers included), flags and CPU in the
 user's cache directory. `-march=native` is how the code path is chosen at run time: the
 AVX-512 intrinsics exist only in a build for a CPU that has them, and the portable loops are
 vectorized for whatever the CPU has (AVX2 and FMA, or SSE). Tests build the other targets

@@ -7,7 +7,7 @@
  * k. Here each is one loop that reads its input once and writes its output once, parallel over
  * rows with OpenMP (the runtime PyTorch already loaded).
  *
- * Built at run time by workers/runner/cpu_fused.py (cc -O3 -march=native -fopenmp), like the
+ * Built at run time by workers/runner/cpu_fused.py with the flags in cbuild.FLAGS, like the
  * decode kernel; loops are written for the compiler to vectorize (AVX-512, AVX2 or plain).
  * Each operation is written once, as a macro over the element type, and instantiated below.
  */

@@ -8,7 +8,7 @@
  *
  * Output channels are spread over OpenMP threads. Loops are written for the compiler to
  * vectorize (AVX-512, AVX2 or SSE2: the int8 widening and the multiply-add are one loop).
- * Built at run time by workers/runner/cpu_int8.py (cc -O3 -march=native -fopenmp).
+ * Built at run time by workers/runner/cpu_int8.py with the flags in cbuild.FLAGS.
  */
 #include <stdint.h>
 

@@ -14,7 +14,7 @@
  * head_dim 64 or 128 and GQA groups of up to 4 a block is done for the whole group at once
  * (`block_grouped`); otherwise plain loops the compiler vectorizes.
  *
- * Built at run time by workers/runner/cpu_decode.py (cc -O3 -march=native -fopenmp).
+ * Built at run time by workers/runner/cpu_decode.py with the flags in cbuild.FLAGS.
  */
 #include <math.h>
 #include <stddef.h>
