@@ -39,7 +39,13 @@ if str(ROOT) not in sys.path:
 
 from bench.gateway_procs import ServerProcess, http_request  # noqa: E402
 from bench.machine import cpu_model, simd_flags  # noqa: E402
-from bench.worker_fleet import SECRET, percentile, start_gateway, start_worker  # noqa: E402
+from bench.worker_fleet import (  # noqa: E402
+    SECRET,
+    deployments,
+    percentile,
+    start_gateway,
+    start_worker,
+)
 
 WORDS = ("tea", "leaf", "harbour", "river", "market", "ledger", "lantern", "copper", "garden",
          "winter", "north", "steam", "merchant", "spice", "ship", "archive", "letter", "season",
@@ -108,6 +114,16 @@ def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int,
     return ttfts
 
 
+def wait_discovered(gateway: ServerProcess, n: int, timeout_s: float = 60.0) -> None:
+    """Until the gateway has found all `n` workers in Redis: a chat sent before then would
+    see a smaller pool (or none, a 404)."""
+    deadline = time.monotonic() + timeout_s
+    while sum(name.startswith("pool@") for name in deployments(gateway)) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the gateway found fewer than {n} workers in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]:
     served = f"smollm2-prefix-{uuid.uuid4().hex[:6]}"
     procs: list[ServerProcess] = []
@@ -122,6 +138,7 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
                     } if config == "prefix-aware" else {}
             gateway, key = start_gateway(tmp, served, **pool)
             procs.append(gateway)
+            wait_discovered(gateway, len(workers))
             before = computed_tokens(workers)
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as ex:
@@ -131,6 +148,10 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
                     range(args.conversations)) for t in ts]
             wall = time.perf_counter() - t0
             time.sleep(0.2)
+        except RuntimeError:
+            for p in procs:
+                print(f"--- {p.name} log ---\n{p.log_tail()}", file=sys.stderr)
+            raise
             computed = computed_tokens(workers) - before
         finally:
             for p in procs:

@@ -58,6 +58,7 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading: set[str] = set()  # adapters being read back for parked requests
         self._background: set[asyncio.Task[None]] = set()
+        self._loras_seen: list[AdapterStatus] = []  # as of the last step or adapter call
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> AsyncLLMEngine:
@@ -74,6 +75,7 @@ class AsyncLLMEngine:
             )
         self.engine.read_adapters_in_step = False
         self.engine.arrivals = self
+        self._loras_seen = self.engine.list_loras()  # the step loop has not started yet
         self._loop = asyncio.get_running_loop()
         self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
 
@@ -182,6 +184,11 @@ class AsyncLLMEngine:
     async def list_loras(self) -> list[AdapterStatus]:
         return await self._call(lambda e: e.list_loras())
 
+    def loras_seen(self) -> list[AdapterStatus]:
+        """The adapters as of the last step or adapter call, without waiting for the step in
+        flight: /stats must answer within its poll timeout while a long prefill runs."""
+        return self._loras_seen
+
     async def _call(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run `fn(engine)` on the step thread between steps (engine state is not shared)."""
         if self._dead is not None:
@@ -272,15 +279,19 @@ class AsyncLLMEngine:
         self._start_adapter_reads(engine)
         if not engine.has_schedulable_work():
             return refused
-        return refused + engine.step()
+        outputs = engine.step()
+        self._loras_seen = engine.list_loras()
+        return refused + outputs
 
     def _apply_call(self, fn: Callable[[LLMEngine], Any], future: asyncio.Future[Any]) -> None:
         assert self._loop is not None
+        engine = self._require_engine()
         try:
-            result = fn(self._require_engine())
+            result = fn(engine)
         except Exception as exc:  # handed to the awaiting caller, not swallowed
             self._loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
+            self._loras_seen = engine.list_loras()  # before the caller sees its call done
             self._loop.call_soon_threadsafe(_settle, future, result, None)
 
     def _start_adapter_reads(self, engine: LLMEngine) -> None:

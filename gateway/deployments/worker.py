@@ -38,6 +38,9 @@ from workers.protocol.requests import OpenAIRequest
 logger = logging.getLogger(__name__)
 ADMIN_TIMEOUT = aiohttp.ClientTimeout(total=30)
 STATS_TIMEOUT = aiohttp.ClientTimeout(total=2)
+# Slow /stats answers in a row before a worker counts as gone. A refused connection or an
+# error status counts at once; a slow answer may be a busy machine, not a dead worker.
+SLOW_POLLS_BEFORE_DOWN = 3
 
 
 def client_tls(*, ca_file: Path | None, cert_file: Path | None, key_file: Path | None
@@ -63,6 +66,7 @@ class WorkerDeployment(HttpDeployment):
         self.status: dict[str, Any] = {}  # the latest /stats answer
         self._summary: tuple[dict[str, Any], PrefixSummary | None] | None = None
         self.reachable = False
+        self.slow_polls = 0  # /stats polls in a row that timed out
         self._registered: dict[str, str] = {}  # engine name -> adapter id this gateway loaded
         self._locks: dict[str, asyncio.Lock] = {}
         self._poller = Periodic(self.poll, interval_s=stats_interval_s,
@@ -85,9 +89,15 @@ class WorkerDeployment(HttpDeployment):
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
                 self.status = await resp.json()
             self.reachable = True
+            self.slow_polls = 0
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            self.slow_polls = self.slow_polls + 1 if isinstance(exc, TimeoutError) else 0
+            if self.reachable and 0 < self.slow_polls < SLOW_POLLS_BEFORE_DOWN:
+                logger.info("worker %s answered /stats late (%d in a row)", self.name,
+                            self.slow_polls)
+                return  # still up, on its last answer's figures
             if self.reachable:
-                logger.warning("worker %s stopped answering /stats: %s", self.name, exc)
+                logger.warning("worker %s stopped answering /stats: %r", self.name, exc)
             self.reachable = False
         if self.reachable:  # a restarted worker has forgotten its adapters: load them again
             reported = self.status.get("adapters") or {}

@@ -9,6 +9,7 @@ from typing import Any
 
 from workers.async_engine import AsyncLLMEngine
 from workers.client import EmbeddedClient, PreparedCall
+from workers.lora.manager import AdapterStatus
 from workers.server.metrics import WorkerMetrics
 
 
@@ -55,11 +56,19 @@ class WorkerState:
         return None if summary is None else summary.to_json()
 
     async def adapters(self) -> dict[str, dict[str, Any]]:
+        """The adapters now (waits for the step in flight)."""
+        return self._describe_adapters(await self.engine.list_loras())
+
+    def adapters_seen(self) -> dict[str, dict[str, Any]]:
+        """The adapters as of the last step, without waiting for the one in flight."""
+        return self._describe_adapters(self.engine.loras_seen())
+
+    def _describe_adapters(self, statuses: list[AdapterStatus]) -> dict[str, dict[str, Any]]:
         if not self.serves_adapters:
             return {}
         return {s.name: {"tier": s.tier, "pinned": s.pinned, "num_requests": s.num_requests,
                          "rank": s.rank, "adapter_id": self.adapter_ids.get(s.name)}
-                for s in await self.engine.list_loras()}
+                for s in statuses}
 
     async def describe(self) -> dict[str, Any]:
         """/stats, and the heartbeat's payload: what gateways route on."""
@@ -68,7 +77,7 @@ class WorkerState:
             "model": self.options.model_name, "ready": self.ready and not self.draining,
             "draining": self.draining, "in_flight": self.in_flight,
             "serves_adapters": self.serves_adapters,
-            "stats": self.engine_stats(), "adapters": await self.adapters() if self.ready else {},
+            "stats": self.engine_stats(), "adapters": self.adapters_seen() if self.ready else {},
             "tenants": self.engine.tenant_tokens(),  # the fair share, "" for no tenant
             "prefix": self.prefix_summary(),
         }
