@@ -148,11 +148,11 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
                     range(args.conversations)) for t in ts]
             wall = time.perf_counter() - t0
             time.sleep(0.2)
+            computed = computed_tokens(workers) - before
         except RuntimeError:
             for p in procs:
                 print(f"--- {p.name} log ---\n{p.log_tail()}", file=sys.stderr)
             raise
-            computed = computed_tokens(workers) - before
         finally:
             for p in procs:
                 p.stop()
