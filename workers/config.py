@@ -40,7 +40,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
     prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
-    # auto | torch | onednn | onednn_packed (weights blocked once at load); projections' GEMM
+    # auto | torch | onednn | onednn_packed (weights blocked once at load) | amx (bfloat16:
+    # also an AMX tile-layout copy for matmuls of few rows); projections' GEMM
     linear_backend: str = "auto"
     # auto | torch | cpu (C kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE)
     elementwise: str = "auto"

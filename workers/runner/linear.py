@@ -21,11 +21,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workers.runner import cpu_amx
+
 LinearKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 logger = logging.getLogger(__name__)
 
-LINEAR_BACKENDS = ("auto", "torch", "onednn", "onednn_packed")
+LINEAR_BACKENDS = ("auto", "torch", "onednn", "onednn_packed", "amx")
 # The row count weights are blocked for under `onednn_packed`: a decode batch of the standard
 # workload. The blocked weight serves any row count (bench/cpu_gemm.py --packed 64).
 PACK_ROWS_HINT = 64
@@ -62,8 +64,10 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     (`onednn_runs`), else torch; float weights are blocked once at load (`onednn_packed`:
     float32 1.3x faster decode steps at 8 rows, 3-5% more standard-workload tok/s on an
     AVX-512 EPYC, no loss measured on an AVX2 one; bfloat16 on an AMX Xeon 1.3-2.1x faster
-    matmuls at 1-64 rows, 9% more standard-workload tok/s). Int8 weights (`quantized`) stay
-    dense: they are cast per call.
+    matmuls at 1-64 rows, 9% more standard-workload tok/s). bfloat16 on a CPU with AMX is
+    `amx`: the same blocked weights for many rows, and a second copy in AMX's tile layout
+    for up to `cpu_amx.MAX_ROWS` rows (`cpu_amx`). Int8 weights (`quantized`) stay dense:
+    they are cast per call.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.
     """
@@ -75,7 +79,12 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     if name == "auto":
         if not (fits and onednn_runs(dtype)):
             return "torch"
-        return "onednn" if quantized else "onednn_packed"
+        if quantized:
+            return "onednn"
+        return "amx" if dtype == torch.bfloat16 and cpu_amx.available() else "onednn_packed"
+    if name == "amx" and not (dtype == torch.bfloat16 and cpu_amx.available()):
+        raise ValueError("linear_backend 'amx' needs bfloat16 and a CPU with AMX "
+                         "(amx_tile, amx_bf16) that Linux lets this process use")
     if not fits:
         raise ValueError(f"linear_backend {name!r} needs a CPU device, float32 or bfloat16, "
                          "and a PyTorch built with oneDNN")
@@ -93,7 +102,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
 
 def linear_kernel(backend: str) -> LinearKernel:
     """oneDNN's op serves both the dense weight and one `pack_weight` reordered."""
-    return onednn_linear if backend in ("onednn", "onednn_packed") else F.linear
+    return onednn_linear if backend in ("onednn", "onednn_packed", "amx") else F.linear
 
 
 def pack_weight(weight: torch.Tensor, rows_hint: int = PACK_ROWS_HINT) -> torch.Tensor:
@@ -107,6 +116,10 @@ class Linear(nn.Linear):
     """`nn.Linear` whose matmul is the runner's chosen kernel (set after loading)."""
 
     kernel: LinearKernel = staticmethod(F.linear)
+    amx_weight: torch.Tensor | None = None  # the `amx` backend's tile-layout copy
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amx_weight is not None and cpu_amx.fits(x):
+            out = cpu_amx.amx_linear(x, self.amx_weight, self.out_features)
+            return out if self.bias is None else out + self.bias
         return self.kernel(x, self.weight, self.bias)

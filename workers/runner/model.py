@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.runner import cpu_fused
+from workers.runner import cpu_amx, cpu_fused
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
 from workers.runner.linear import Linear, LinearKernel, pack_weight
 from workers.runner.lora import LoRABatch
@@ -166,6 +166,7 @@ class LlamaModel(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.linear_kernel: LinearKernel = F.linear
         self.head_weight: torch.Tensor | None = None  # a tied head's blocked copy, if packed
+        self.head_amx: torch.Tensor | None = None  # and its AMX tile-layout copy (`amx`)
         self.elementwise = "torch"
 
     def use_linear_kernel(self, kernel: LinearKernel) -> None:
@@ -183,16 +184,23 @@ class LlamaModel(nn.Module):
             if isinstance(module, RMSNorm | Attention | MLP):
                 module.fused = name == "cpu"
 
-    def pack_linears(self) -> None:
+    def pack_linears(self, *, amx: bool = False) -> None:
         """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
         A tied LM head reads the embedding, which lookups need dense, so the head gets a
         blocked copy of its own (one more vocabulary x hidden table, as vLLM's CPU build
         keeps): the head matmul at 1-64 rows took 0.51-0.56x of the dense one's time in
-        bfloat16 and 0.63-0.97x in float32 on an AMX Xeon (docs/benchmarks.md)."""
+        bfloat16 and 0.63-0.97x in float32 on an AMX Xeon (docs/benchmarks.md).
+
+        `amx`: each weight (the tied head's too) also gets a copy in AMX's tile layout for
+        matmuls of few rows (`cpu_amx`), twice the weights' memory."""
         for module in self.modules():
             if isinstance(module, Linear):
+                if amx and cpu_amx.packable(module.weight):
+                    module.amx_weight = cpu_amx.pack(module.weight)
                 module.weight = nn.Parameter(pack_weight(module.weight), requires_grad=False)
         if not hasattr(self, "lm_head"):
+            if amx and cpu_amx.packable(self.embed_tokens.weight):
+                self.head_amx = cpu_amx.pack(self.embed_tokens.weight)
             self.head_weight = pack_weight(self.embed_tokens.weight)
 
     def forward(
@@ -222,5 +230,8 @@ class LlamaModel(nn.Module):
         (`quantization.quantize_weights`: the int8 table shared with the embedding)."""
         if hasattr(self, "lm_head"):
             return self.lm_head(hidden).float()
+        if self.head_amx is not None and cpu_amx.fits(hidden):
+            return cpu_amx.amx_linear(hidden, self.head_amx, self.embed_tokens.num_embeddings,
+                                      out_dtype=torch.float32)
         weight = self.embed_tokens.weight if self.head_weight is None else self.head_weight
         return self.linear_kernel(hidden, weight, None).float()

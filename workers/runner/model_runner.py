@@ -328,8 +328,8 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     if check_quantization(config.quantization) != "none":  # before packing (it refuses int8)
         compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
         quantize(model, config.quantization, linear_backend, compute)
-    if linear_backend == "onednn_packed":
-        model.pack_linears()
+    if linear_backend in ("onednn_packed", "amx"):
+        model.pack_linears(amx=linear_backend == "amx")
     model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))
     return model, linear_backend
 

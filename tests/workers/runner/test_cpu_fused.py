@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
-from workers.runner import cpu_fused
+from workers.runner import cpu_amx, cpu_fused
 from workers.runner.attention import write_kv
 from workers.runner.linear import onednn_runs
 from workers.runner.model import RMSNorm
@@ -179,7 +179,7 @@ def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_p
         runner = llm.engine.runner
         if dtype == "bfloat16":
             assert runner.model.elementwise == runner.attention_backend == "cpu"
-            assert runner.linear_backend == "onednn_packed"
+            assert runner.linear_backend == ("amx" if cpu_amx.available() else "onednn_packed")
         outs[dtype] = [o.outputs[0] for o in llm.generate(prompts, params)]
     compared = 0
     for got, want in zip(outs["bfloat16"], outs["float32"], strict=True):

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from workers.runner import linear
+from workers.runner import cpu_amx, linear
 from workers.runner.linear import (
     Linear,
     onednn_available,
@@ -68,7 +68,8 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
         assert torch.equal(onednn_linear(x[:rows].contiguous(), weight), full[:rows])
 
 
-def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only():
+def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only(monkeypatch):
+    monkeypatch.setattr(cpu_amx, "available", lambda: False)  # AMX: its own tests below
     expected = "onednn_packed" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
     dense = "onednn" if onednn_available() else "torch"
@@ -117,10 +118,29 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
 @needs_onednn
 def test_a_cpu_with_bfloat16_picks_onednn(monkeypatch):
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
+    monkeypatch.setattr(cpu_amx, "available", lambda: False)
     linear.onednn_runs.cache_clear()
     try:
         assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn_packed"
         assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
+        with pytest.raises(ValueError, match="needs bfloat16 and a CPU with AMX"):
+            pick_linear_backend("amx", CPU, torch.bfloat16)
+    finally:
+        linear.onednn_runs.cache_clear()
+
+
+@needs_onednn
+def test_a_cpu_with_amx_picks_amx_for_bfloat16_only(monkeypatch):
+    monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
+    monkeypatch.setattr(cpu_amx, "available", lambda: True)
+    linear.onednn_runs.cache_clear()
+    try:
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "amx"
+        assert pick_linear_backend("amx", CPU, torch.bfloat16) == "amx"
+        assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
+        assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
+        with pytest.raises(ValueError, match="needs bfloat16"):
+            pick_linear_backend("amx", CPU, torch.float32)
     finally:
         linear.onednn_runs.cache_clear()
 

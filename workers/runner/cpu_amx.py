@@ -1,0 +1,100 @@
+"""bfloat16 matmuls of few rows on Intel AMX (`csrc/amx_gemm.c`), for decode steps.
+
+A decode step's projections are bound by reading the weights once. oneDNN's blocked bfloat16
+matmul read SmolLM2's weights at 13-17 GB/s on a 2-core Sapphire Rapids-class VM whose plain
+read ran at 23 GB/s; this kernel streams a weight packed once into AMX's tile layout at
+16-25 GB/s there (1.2-1.45x at 1-64 rows, docs/benchmarks.md). At many rows (long prefill
+chunks) oneDNN is faster, so the `amx` linear backend keeps both copies and picks by rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+
+import torch
+
+from workers.runner import cbuild
+
+logger = logging.getLogger(__name__)
+
+# Above this many rows oneDNN's blocked matmul is the faster one (bench/cpu_gemm.py --amx).
+MAX_ROWS = 512
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+
+
+@functools.cache
+def load_library(march: str = "native") -> ctypes.CDLL:
+    """Built once per source, flags and CPU (`cbuild`); RuntimeError if it cannot be."""
+    lib = cbuild.build_and_load("amx_gemm", "CPU AMX matmul kernel", march)
+    lib.amx_init.restype = _INT
+    lib.amx_init.argtypes = []
+    lib.amx_pack.restype = _INT
+    lib.amx_pack.argtypes = [_P, _P, _I64, _I64]
+    lib.amx_gemm.restype = _INT
+    lib.amx_gemm.argtypes = [_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT]
+    return lib
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this CPU has AMX bfloat16, the kernel builds, and Linux grants the tile state
+    (logged once when a CPU with AMX cannot use it)."""
+    if not {"amx_tile", "amx_bf16", "avx512_bf16"} <= cbuild.cpu_flags():
+        return False
+    try:
+        granted = load_library().amx_init() == 0
+    except RuntimeError as exc:
+        logger.warning("CPU AMX matmul kernel unavailable: %s", exc)
+        return False
+    if not granted:
+        logger.warning("CPU AMX matmul kernel unavailable: Linux refused the AMX tile state")
+    return granted
+
+
+def packable(weight: torch.Tensor) -> bool:
+    """A dense bfloat16 [out, in] weight whose sizes the tile layout covers (multiples of 32)."""
+    return (weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.device.type == "cpu"
+            and weight.layout == torch.strided and weight.shape[0] % 32 == 0
+            and weight.shape[1] % 32 == 0)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight in AMX's B-tile layout: a flat bfloat16 tensor of the same size."""
+    assert packable(weight)
+    out_features, in_features = weight.shape
+    dense = weight.detach().contiguous()
+    packed = torch.empty(out_features * in_features, dtype=torch.bfloat16)
+    if load_library().amx_pack(dense.data_ptr(), packed.data_ptr(), out_features,
+                               in_features) != 0:
+        raise ValueError(f"cannot pack a {tuple(weight.shape)} weight for AMX")
+    return packed
+
+
+def fits(x: torch.Tensor) -> bool:
+    """bfloat16 rows on CPU, few enough to beat oneDNN, the last dimension dense."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() >= 2
+            and 1 <= x.numel() // x.shape[-1] <= MAX_ROWS and x.stride(-1) == 1)
+
+
+def amx_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, *,
+               out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """`x @ weight.T` for x [..., in] bfloat16 with the weight from `pack`; out in bfloat16
+    or float32 (sums are float32 either way)."""
+    assert fits(x) and out_dtype in (torch.bfloat16, torch.float32)
+    in_features = x.shape[-1]
+    rows = x.reshape(-1, in_features)
+    if rows.stride(0) < in_features:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], out_features, dtype=out_dtype)
+    status = load_library().amx_gemm(
+        rows.data_ptr(), packed.data_ptr(), out.data_ptr(), rows.shape[0], out_features,
+        in_features, rows.stride(0), out.stride(0), int(out_dtype == torch.float32),
+        torch.get_num_threads())
+    if status != 0:
+        raise ValueError(f"the AMX kernel cannot multiply {tuple(rows.shape)} by a "
+                         f"{out_features}-column weight")
+    return out.view(*x.shape[:-1], out_features)
