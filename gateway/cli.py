@@ -126,8 +126,10 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--prefill-attention", choices=("auto", "flash", "masked"),
                         default="auto", help="prompt chunks after cached context (auto: "
                                              "flash on CPU)")
-    worker.add_argument("--linear-backend", choices=("auto", "torch", "onednn", "onednn_packed"),
-                        default="auto", help="projection GEMMs (auto: oneDNN on CPU)")
+    worker.add_argument("--linear-backend", default="auto",
+                        choices=("auto", "torch", "onednn", "onednn_packed", "amx"),
+                        help="projection GEMMs (auto: oneDNN on CPU, with AMX tiles for "
+                             "few-row bfloat16 matmuls where the CPU has them)")
     worker.add_argument("--elementwise", choices=("auto", "torch", "cpu"), default="auto",
                         help="residual add + RMSNorm, SiLU-and-multiply and RoPE (auto: the "
                              "C kernels for float32 on CPU)")
