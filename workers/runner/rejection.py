@@ -29,6 +29,7 @@ from workers.runner.sampler import (
     apply_logit_bias,
     apply_penalties,
     gather_logprobs,
+    row_argmax,
     target_probs,
 )
 from workers.runner.token_mask import TokenMask
@@ -55,7 +56,7 @@ def verify(logits: torch.Tensor, rows: list[SpecRow], eos_token_ids: list[int],
         token_mask.apply(logits, mask.rows, mask.bitmask)
     apply_logit_bias(logits, flat)
     apply_penalties(logits, flat, eos_token_ids)  # the min_tokens ban, per position
-    argmax = logits.argmax(dim=-1).tolist()
+    argmax = row_argmax(logits).tolist()
     random = [i for i, f in enumerate(flat) if not f.params.greedy]
     probs = None
     if random:

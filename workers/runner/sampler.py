@@ -142,8 +142,15 @@ def _penalize(row_logits: torch.Tensor, row: SamplingRow, vocab: int) -> None:
             )
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)`, the same first maximum's index (NaN counting as the maximum), by
+    `max`'s kernel: on CPU argmax's reduction is the slower one (64 x 49,152 float32 logits on
+    two cores: 2.1 against 0.8 ms, a step's worth of sampling at batch 64)."""
+    return x.max(dim=-1).indices
+
+
 def _choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    tokens = logits.argmax(dim=-1)
+    tokens = row_argmax(logits)
     random_rows = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not random_rows:
         return tokens
@@ -151,7 +158,7 @@ def _choose(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     noise = torch.empty_like(probs)
     for j, i in enumerate(random_rows):
         noise[j].exponential_(generator=rows[i].generator)
-    tokens[random_rows] = (probs / noise).argmax(dim=-1)
+    tokens[random_rows] = row_argmax(probs / noise)
     return tokens
 
 

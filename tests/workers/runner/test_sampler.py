@@ -7,7 +7,7 @@ import math
 import torch
 
 from workers.engine.sampling_params import SamplingParams
-from workers.runner.sampler import SamplingRow, sample
+from workers.runner.sampler import SamplingRow, row_argmax, sample
 
 
 def row(params: SamplingParams, *, prompt=(), output=(), n=1, seed=None) -> SamplingRow:
@@ -100,3 +100,13 @@ def test_windowed_top_k_top_p_equals_the_full_sort():
     kept = (~torch.isinf(got)).sum(dim=-1).tolist()
     assert kept[1] == 40 and kept[3] == 5000 and kept[5] <= 10
     assert kept[4] > 1024  # the flat row really took the full-sort path
+
+
+def test_row_argmax_is_argmax_with_ties_nan_and_all_masked_rows():
+    gen = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 4, (16, 5000), generator=gen).float()  # many equal maxima
+    assert torch.equal(row_argmax(ties), ties.argmax(dim=-1))
+    odd = torch.full((3, 300), float("-inf"))
+    odd[1, 40] = odd[1, 41] = 2.0
+    odd[2, 7] = float("nan")
+    assert row_argmax(odd).tolist() == odd.argmax(dim=-1).tolist() == [0, 40, 7]
