@@ -36,7 +36,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
@@ -771,14 +771,13 @@ def run_child(args: argparse.Namespace, system: str, mode: str, tmp: Path, wfile
     argv = child_argv(args, system, mode, wfile, out, python)
     print(f"[{system}/{mode}] running ...", flush=True)
     t0 = time.perf_counter()
-    busy0, own0 = busy_cpu_seconds(), children_cpu_seconds()
+    busy0 = busy_cpu_seconds()
     try:
         if args.verbose:
-            subprocess.run(argv, timeout=args.timeout, check=False, env=env)
+            own = run_counting_cpu(argv, args.timeout, None, env)
         else:
             with log.open("w") as fh:
-                subprocess.run(argv, timeout=args.timeout, stdout=fh, stderr=subprocess.STDOUT,
-                               check=False, env=env)
+                own = run_counting_cpu(argv, args.timeout, fh, env)
     except subprocess.TimeoutExpired:
         return {"system": system, "mode": mode, "error": f"timed out after {args.timeout} s"}
     result: dict[str, Any]
@@ -787,7 +786,7 @@ def run_child(args: argparse.Namespace, system: str, mode: str, tmp: Path, wfile
     else:
         result = {"system": system, "mode": mode, "error": "child wrote no result"}
     seconds = time.perf_counter() - t0
-    foreign = busy_cpu_seconds() - busy0 - (children_cpu_seconds() - own0)
+    foreign = busy_cpu_seconds() - busy0 - own
     result["other_cpu_load"] = max(foreign, 0.0) / seconds  # cores busy with other processes
     if "error" in result:
         tail = log.read_text().splitlines()[-25:] if log.is_file() else []
@@ -822,6 +821,42 @@ def busy_cpu_seconds() -> float:
 
     t = psutil.cpu_times()
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
+def run_counting_cpu(argv: list[str], timeout_s: float, out: IO[str] | None,
+                     env: dict[str, str] | None) -> float:
+    """Run a system's child to its end; the CPU seconds its whole process tree used.
+
+    `RUSAGE_CHILDREN` counts only descendants that were waited for, and vLLM's engine core
+    is a grandchild its parent does not always reap, so its work looked like another
+    process's load. The tree is sampled every 0.2 s instead (a process's last sample counts;
+    what one does in its final 0.2 s is missed), and the rusage figure is the floor."""
+    import psutil
+
+    ru0 = children_cpu_seconds()
+    seen: dict[int, float] = {}
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out else None,
+                            env=env)
+    deadline = time.monotonic() + timeout_s
+    try:
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            for p in [root, *root.children(recursive=True)]:
+                try:
+                    t = p.cpu_times()
+                except psutil.Error:
+                    continue
+                seen[p.pid] = t.user + t.system
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(argv, timeout_s)
+            time.sleep(0.2)
+    except psutil.NoSuchProcess:
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return max(sum(seen.values()), children_cpu_seconds() - ru0)
 
 
 def children_cpu_seconds() -> float:

@@ -19,7 +19,7 @@ from workers.runner import cbuild
 
 logger = logging.getLogger(__name__)
 
-# Above this many rows oneDNN's blocked matmul is the faster one (bench/cpu_gemm.py --amx).
+# Above this many rows oneDNN's blocked matmul is the faster one (bench/amx_gemm.py).
 MAX_ROWS = 512
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
