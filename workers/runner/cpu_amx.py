@@ -75,16 +75,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def fits(x: torch.Tensor) -> bool:
-    """bfloat16 rows on CPU, few enough to beat oneDNN, the last dimension dense."""
+    """Rows the kernel takes, few enough to beat oneDNN."""
+    return _takes(x) and x.numel() // x.shape[-1] <= MAX_ROWS
+
+
+def _takes(x: torch.Tensor) -> bool:
+    """bfloat16 rows on CPU (any number), the last dimension dense."""
     return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() >= 2
-            and 1 <= x.numel() // x.shape[-1] <= MAX_ROWS and x.stride(-1) == 1)
+            and x.numel() >= x.shape[-1] > 0 and x.stride(-1) == 1)
 
 
 def amx_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, *,
                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """`x @ weight.T` for x [..., in] bfloat16 with the weight from `pack`; out in bfloat16
-    or float32 (sums are float32 either way)."""
-    assert fits(x) and out_dtype in (torch.bfloat16, torch.float32)
+    or float32 (sums are float32 either way). Any number of rows: `fits` is the policy."""
+    assert _takes(x) and out_dtype in (torch.bfloat16, torch.float32)
     in_features = x.shape[-1]
     rows = x.reshape(-1, in_features)
     if rows.stride(0) < in_features:
