@@ -116,29 +116,21 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
 
 
 @needs_onednn
-def test_a_cpu_with_bfloat16_picks_onednn(monkeypatch):
+@pytest.mark.parametrize("amx", [False, True])
+def test_a_cpu_with_bfloat16_picks_onednn_and_amx_where_it_runs(monkeypatch, amx):
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
-    monkeypatch.setattr(cpu_amx, "available", lambda: False)
+    monkeypatch.setattr(cpu_amx, "available", lambda: amx)
     linear.onednn_runs.cache_clear()
     try:
-        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn_packed"
-        assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
-        with pytest.raises(ValueError, match="needs bfloat16 and a CPU with AMX"):
-            pick_linear_backend("amx", CPU, torch.bfloat16)
-    finally:
-        linear.onednn_runs.cache_clear()
-
-
-@needs_onednn
-def test_a_cpu_with_amx_picks_amx_for_bfloat16_only(monkeypatch):
-    monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
-    monkeypatch.setattr(cpu_amx, "available", lambda: True)
-    linear.onednn_runs.cache_clear()
-    try:
-        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "amx"
-        assert pick_linear_backend("amx", CPU, torch.bfloat16) == "amx"
+        blocked = "amx" if amx else "onednn_packed"
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == blocked
         assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
         assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
+        if amx:
+            assert pick_linear_backend("amx", CPU, torch.bfloat16) == "amx"
+        else:
+            with pytest.raises(ValueError, match="needs bfloat16 and a CPU with AMX"):
+                pick_linear_backend("amx", CPU, torch.bfloat16)
         with pytest.raises(ValueError, match="needs bfloat16"):
             pick_linear_backend("amx", CPU, torch.float32)
     finally:
