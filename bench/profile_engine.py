@@ -74,7 +74,7 @@ def instrument(llm: Any, timers: Timers) -> None:
     import workers.runner.cpu_decode as cpu_decode_mod
     import workers.runner.model as model_mod
     import workers.runner.model_runner as runner_mod
-    from workers.runner import cpu_fused
+    from workers.runner import amx_prefill, cpu_fused
 
     engine = llm.engine
     runner = engine.runner
@@ -98,6 +98,7 @@ def instrument(llm: Any, timers: Timers) -> None:
     timers.wrap(attention_mod, "_prefill_fresh", "  prefill fresh")
     timers.wrap(attention_mod, "cached_chunk_attention", "  prefill cached")
     timers.wrap(attention_mod, "_prefill_cached", "  prefill masked")
+    timers.wrap(amx_prefill, "prefill_attention", "  prefill amx")  # fresh and cached
     timers.wrap(attention_mod.GatherWorkspace, "gather", "  gather")
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp

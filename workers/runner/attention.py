@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from workers.runner import amx_prefill
 from workers.runner.flash_prefill import cached_chunk_attention
 from workers.runner.kv_quant import dequantize_rows, head_dim_of, is_quantized, quantize_rows
 
@@ -117,10 +118,11 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_batch: DecodeBatch | None = None
     workspace: GatherWorkspace | None = None  # None: a fresh one for this call
+    prefill_kernel: str = "masked"  # `amx`: every prefill chunk through `amx_prefill`
 
 
 # How prefill chunks after cached context are served (attention_backend.pick_prefill_attention).
-PREFILL_KERNELS = ("flash", "masked")
+PREFILL_KERNELS = ("flash", "masked", "amx")
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
 # short contexts are not padded to the longest one in the batch.
@@ -170,7 +172,7 @@ def build_metadata(
     for start, q_len, table in seqs[num_decodes:]:
         if start == 0:
             prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
-        elif prefill_kernel == "flash":
+        elif prefill_kernel in ("flash", "amx"):
             blocks = torch.tensor([table[: -(-start // bs)]], dtype=torch.long)
             pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
             prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None, cached=start))
@@ -190,6 +192,7 @@ def build_metadata(
         prefills=prefills,
         decode_batch=decode_batch,
         workspace=workspace,
+        prefill_kernel=prefill_kernel,
     )
 
 
@@ -268,17 +271,24 @@ def paged_attention(
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
         parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale))
+    # a draft model with other heads keeps the flash split
+    on_amx = meta.prefill_kernel == "amx" and amx_prefill.fits(q.dtype, q.shape[-1], q.device)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
-            parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
+            parts.append(amx_prefill.prefill_attention(q[rows], k[rows], v[rows], None, None,
+                                                       scale) if on_amx
+                         else _prefill_fresh(q[rows], k[rows], v[rows], scale))
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
         if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
             kv_heads, head_dim = k_cache.shape[1], q.shape[-1]
             ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
-            parts.append(cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows], scale))
+            parts.append(amx_prefill.prefill_attention(q[rows], k[rows], v[rows], ctx_k, ctx_v,
+                                                       scale) if on_amx
+                         else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
+                                                     scale))
         else:
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

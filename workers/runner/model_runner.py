@@ -129,7 +129,8 @@ class ModelRunner:
             config.attention_backend, config.device, config.block_size, head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype, kv_cache_dtype=kv_dtype)
-        prefill = pick_prefill_attention(config.prefill_attention, config.device)
+        prefill = pick_prefill_attention(config.prefill_attention, config.device,
+                                         dtype=config.dtype, head_dim=head_dim)
         spec = kv_cache.KVCacheSpec(
             num_layers=hf_config.num_hidden_layers,
             num_kv_heads=hf_config.num_key_value_heads,
@@ -153,8 +154,7 @@ class ModelRunner:
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block")
         caches = kv_cache.allocate(spec, num_blocks, config.device)
-        proposer = draft.proposer(num_blocks, config, prefill=pick_prefill_attention(
-            config.prefill_attention, config.device)) if draft else None
+        proposer = draft.proposer(num_blocks, config, prefill=prefill) if draft else None
         max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings,
             num_blocks * config.block_size,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.runner import cpu_decode, flash_prefill
+from workers.runner import cpu_amx, cpu_decode, flash_prefill
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -70,7 +70,7 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
 
 
 def test_prefill_attention_is_flash_on_cpu_and_masked_elsewhere():
-    assert pick_prefill_attention("auto", CPU) == "flash"
+    assert pick_prefill_attention("auto", CPU) == "flash"  # float32 stays on the flash split
     assert pick_prefill_attention("auto", CUDA) == "masked"
     assert pick_prefill_attention("masked", CPU) == "masked"
     assert pick_prefill_attention("flash", CPU) == "flash"
@@ -90,3 +90,17 @@ def test_prefill_attention_without_the_fused_kernel_is_masked_or_refused(monkeyp
 def test_impossible_prefill_attention_is_refused(name, device, match):
     with pytest.raises(ValueError, match=match):
         pick_prefill_attention(name, device)
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_where_amx_runs(monkeypatch, amx):
+    monkeypatch.setattr(cpu_amx, "available", lambda: amx)
+    bf16 = {"dtype": torch.bfloat16, "head_dim": 64}
+    assert pick_prefill_attention("auto", CPU, **bf16) == ("amx" if amx else "flash")
+    assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16, head_dim=128) == "flash"
+    assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "flash"
+    assert pick_prefill_attention("auto", CUDA, **bf16) == "masked"
+    if amx:
+        assert pick_prefill_attention("amx", CPU, **bf16) == "amx"
+    with pytest.raises(ValueError, match="prefill_attention 'amx' needs bfloat16"):
+        pick_prefill_attention("amx", CPU, dtype=torch.float32, head_dim=64)

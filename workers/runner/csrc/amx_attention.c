@@ -1,0 +1,310 @@
+/* Causal prefill attention on Intel AMX tiles, bfloat16, head size 64.
+
+   out[i, h] = softmax(scale * q[i, h] . k[g]^T over keys j <= ctx_len + i) . v[g],
+   g = h / group.
+
+   Query i of the chunk sits at position ctx_len + i; keys 0..ctx_len-1 come from the cached
+   context (gathered out of the pool), the rest are the chunk's own, so no caller copies them
+   together. K and V are packed once per call into AMX B-tile layout (K for q.k^T: 16 keys x
+   32 dims a tile; V for p.v: 32 keys x 16 dims). Each task (a query head and 16 queries;
+   a K/V head's tasks run in a row so its packed K/V stay in L2) walks the keys 128 at a
+   time: the scores as tiles, an online softmax over them in float32 with AVX-512 (in log2
+   units, 2^x by a short polynomial: p is rounded to bfloat16 next), p times V as tiles
+   into four accumulators, and the float32 output rescaled as the running maximum moves
+   (flash attention's order).
+
+   The AMX code exists only in a build for a CPU with amx_tile, amx_bf16 and avx512_bf16;
+   other builds export the same function and answer -1. */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fast_exp.h"
+
+#define HEAD 64
+#define SPAN 128 /* keys per softmax step */
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+typedef struct {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Scores: tmm0, 1 q (dims 0-31, 32-63), tmm2, 3 the sums for keys 0-15, 16-31 of a piece.
+   Values: tmm0-3 p . v for dims 0-15 ... 48-63, tmm4 p. tmm5-7: K or V tiles, in turn. */
+static void configure(int rows) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    const int tile_rows[8] = {rows, rows, rows, rows, rows, 16, 16, 16};
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = (uint8_t)tile_rows[t];
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* 2^x for x <= 0, 16 lanes, to about 4e-5 relative (p is rounded to bfloat16 after): x = k + f
+   with |f| <= 1/2, 2^f by its degree-4 Taylor polynomial, 2^k by scalef. Below -126, about 0. */
+static inline __m512 exp2_512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+    const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, k);
+    __m512 p = _mm512_set1_ps(0.0096181291f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041087f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265070f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471806f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+
+static inline uint16_t to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest even (no NaNs here) */
+    return (uint16_t)(bits >> 16);
+}
+
+/* Where one head's keys (or values) live: the first `ctx` rows in the cached context, the
+   rest in the chunk's own. */
+typedef struct {
+    const uint16_t *ctx, *fresh;
+    int64_t ctx_len, ctx_stride, fresh_stride, len;
+} rows_of;
+
+static inline const uint16_t *row_at(const rows_of *r, int64_t key) {
+    return key < r->ctx_len ? r->ctx + key * r->ctx_stride
+                            : r->fresh + (key - r->ctx_len) * r->fresh_stride;
+}
+
+/* K -> [key blocks of 16][2 dim halves][16 dim pairs][16 keys][2]; keys past len are 0. */
+static void pack_k(const rows_of *k, int64_t padded, uint16_t *out) {
+    static const uint16_t zeros[HEAD];
+    for (int64_t b = 0; b < padded / 16; b++)
+        for (int c = 0; c < 16; c++) {
+            const int64_t key = b * 16 + c;
+            const uint16_t *src = key < k->len ? row_at(k, key) : zeros;
+            for (int half = 0; half < 2; half++) {
+                uint16_t *tile = out + (b * 2 + half) * 512;
+                for (int r = 0; r < 16; r++) {
+                    tile[r * 32 + c * 2] = src[half * 32 + 2 * r];
+                    tile[r * 32 + c * 2 + 1] = src[half * 32 + 2 * r + 1];
+                }
+            }
+        }
+}
+
+/* V -> [key blocks of 32][4 dim quarters][16 key pairs][16 dims][2]; keys past len are 0. */
+static void pack_v(const rows_of *v, int64_t padded, uint16_t *out) {
+    static const uint16_t zeros[HEAD];
+    for (int64_t b = 0; b < padded / 32; b++)
+        for (int r = 0; r < 16; r++)
+            for (int j = 0; j < 2; j++) {
+                const int64_t key = b * 32 + 2 * r + j;
+                const uint16_t *src = key < v->len ? row_at(v, key) : zeros;
+                for (int quarter = 0; quarter < 4; quarter++) {
+                    uint16_t *tile = out + (b * 4 + quarter) * 512;
+                    for (int c = 0; c < 16; c++) tile[r * 32 + c * 2 + j] = src[quarter * 16 + c];
+                }
+            }
+}
+
+/* q [q_len, heads, 64] (strides in elements); the cached context's K and V
+   [kv_heads, ctx_len, 64] (strides ctx_head, ctx_tok); the chunk's own K and V
+   [q_len, kv_heads, 64] (strides new_tok, new_head); out like q. Query i sits at position
+   ctx_len + i. 0; -1 if this build has no AMX; -2 if memory runs out. */
+int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
+                          const uint16_t *k_ctx, const uint16_t *v_ctx, int64_t ctx_head,
+                          int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
+                          int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
+                          int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
+                          int64_t kv_heads, float scale, int threads) {
+    if (q_len < 1 || ctx_len < 0 || heads % kv_heads != 0) return -1;
+    const int64_t kv_len = ctx_len + q_len, start = ctx_len;
+    const int64_t padded = (kv_len + SPAN - 1) / SPAN * SPAN, group = heads / kv_heads;
+    uint16_t *kp = aligned_alloc(64, (size_t)(kv_heads * padded * HEAD * 2));
+    uint16_t *vp = aligned_alloc(64, (size_t)(kv_heads * padded * HEAD * 2));
+    if (kp == NULL || vp == NULL) {
+        free(kp);
+        free(vp);
+        return -2;
+    }
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t g = 0; g < 2 * kv_heads; g++) {
+        const int64_t head = g / 2;
+        const int is_k = g % 2 == 0;
+        const rows_of rows = {(is_k ? k_ctx : v_ctx) + head * ctx_head,
+                              (is_k ? k_new : v_new) + head * new_head, ctx_len, ctx_tok,
+                              new_tok, kv_len};
+        if (is_k) pack_k(&rows, padded, kp + head * padded * HEAD);
+        else pack_v(&rows, padded, vp + head * padded * HEAD);
+    }
+    const int64_t q_blocks = (q_len + 15) / 16;
+#pragma omp parallel num_threads(threads)
+    {
+        float scores[16 * SPAN] __attribute__((aligned(64)));
+        float pv[16 * HEAD] __attribute__((aligned(64)));
+        float acc[16 * HEAD] __attribute__((aligned(64)));
+        uint16_t p16[16 * SPAN] __attribute__((aligned(64)));
+        float row_max[16], row_sum[16];
+        int configured = -1;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < heads * q_blocks; task++) {
+            /* a K/V head's tasks in a row (its query heads, then its query blocks), so the
+               packed K and V stay in L2 while every task of the head walks them */
+            const int64_t g = task / (group * q_blocks), in_g = task % (group * q_blocks);
+            const int64_t h = g * group + in_g % group, qb = in_g / group;
+            const int64_t q0 = qb * 16;
+            const int rows = (int)(q_len - q0 < 16 ? q_len - q0 : 16);
+            if (configured != rows) {
+                configure(rows);
+                configured = rows;
+            }
+            const uint16_t *qrow = q + q0 * q_tok + h * q_head;
+            for (int i = 0; i < 16; i++) {
+                row_max[i] = -INFINITY;
+                row_sum[i] = 0.0f;
+            }
+            memset(acc, 0, sizeof acc);
+            const int64_t last_key = start + q0 + rows - 1 < kv_len - 1 ? start + q0 + rows - 1
+                                                                       : kv_len - 1;
+            const uint16_t *kh = kp + g * padded * HEAD, *vh = vp + g * padded * HEAD;
+            for (int64_t k0 = 0; k0 <= last_key; k0 += SPAN) {
+                /* 32-key pieces of this span that hold a key some row sees */
+                const int pieces = (int)((last_key - k0) / 32 + 1 < SPAN / 32
+                                             ? (last_key - k0) / 32 + 1 : SPAN / 32);
+                _tile_loadd(0, qrow, q_tok * 2);
+                _tile_loadd(1, qrow + 32, q_tok * 2);
+                for (int piece = 0; piece < pieces; piece++) {
+                    const uint16_t *kt = kh + (k0 / 32 + piece) * 4 * 512;
+                    _tile_zero(2);
+                    _tile_zero(3);
+                    _tile_loadd(5, kt, 64);
+                    _tile_dpbf16ps(2, 0, 5);
+                    _tile_loadd(6, kt + 512, 64);
+                    _tile_dpbf16ps(2, 1, 6);
+                    _tile_loadd(7, kt + 1024, 64);
+                    _tile_dpbf16ps(3, 0, 7);
+                    _tile_loadd(5, kt + 1536, 64);
+                    _tile_dpbf16ps(3, 1, 5);
+                    _tile_stored(2, scores + piece * 32, SPAN * 4);
+                    _tile_stored(3, scores + piece * 32 + 16, SPAN * 4);
+                }
+                const int vectors = pieces * 2;
+                /* scores in log2 units: p = 2^(s * scale * log2(e) - max) */
+                const __m512 ninf = _mm512_set1_ps(-INFINITY);
+                const __m512 vc = _mm512_set1_ps(scale * 1.44269504088896341f);
+                for (int i = 0; i < rows; i++) {
+                    /* keys k0 + c with c <= seen are visible to row i */
+                    const int64_t last = start + q0 + i < kv_len - 1 ? start + q0 + i : kv_len - 1;
+                    const int64_t seen = last - k0;
+                    const float *srow = scores + i * SPAN;
+                    __mmask16 visible[SPAN / 16];
+                    __m512 vmax = ninf;
+                    if (seen >= SPAN - 1) { /* the whole span: no causal edge, no padding */
+                        for (int t = 0; t < vectors; t++) {
+                            visible[t] = (__mmask16)0xffff;
+                            vmax = _mm512_max_ps(vmax, _mm512_mul_ps(_mm512_load_ps(srow + 16 * t),
+                                                                     vc));
+                        }
+                    } else {
+                        for (int t = 0; t < vectors; t++) {
+                            const int64_t upto = seen - 16 * t; /* visible lanes: 0..upto */
+                            visible[t] = upto >= 15 ? (__mmask16)0xffff
+                                         : upto < 0 ? (__mmask16)0
+                                                    : (__mmask16)((1u << (upto + 1)) - 1);
+                            vmax = _mm512_mask_max_ps(
+                                vmax, visible[t], vmax,
+                                _mm512_mul_ps(_mm512_load_ps(srow + 16 * t), vc));
+                        }
+                    }
+                    const float block_max = _mm512_reduce_max_ps(vmax);
+                    const float new_max = block_max > row_max[i] ? block_max : row_max[i];
+                    const float alpha =
+                        row_max[i] == -INFINITY
+                            ? 0.0f
+                            : exp_nonpositive((row_max[i] - new_max) * 0.693147180559945f);
+                    const __m512 vnew = _mm512_set1_ps(new_max);
+                    __m512 vsum = _mm512_setzero_ps();
+                    for (int t = 0; t < vectors; t += 2) {
+                        const __m512 p0 = _mm512_maskz_mov_ps(
+                            visible[t], exp2_512(_mm512_fmsub_ps(_mm512_load_ps(srow + 16 * t),
+                                                                 vc, vnew)));
+                        const __m512 p1 = _mm512_maskz_mov_ps(
+                            visible[t + 1],
+                            exp2_512(_mm512_fmsub_ps(_mm512_load_ps(srow + 16 * t + 16), vc,
+                                                     vnew)));
+                        vsum = _mm512_add_ps(vsum, _mm512_add_ps(p0, p1));
+                        _mm512_store_si512((__m512i *)(p16 + i * SPAN + 16 * t),
+                                           (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+                    }
+                    row_sum[i] = row_sum[i] * alpha + _mm512_reduce_add_ps(vsum);
+                    row_max[i] = new_max;
+                    float *a = acc + i * HEAD;
+                    const __m512 va = _mm512_set1_ps(alpha);
+                    for (int d = 0; d < HEAD; d += 16)
+                        _mm512_store_ps(a + d, _mm512_mul_ps(_mm512_load_ps(a + d), va));
+                }
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int piece = 0; piece < pieces; piece++) {
+                    const uint16_t *vt = vh + (k0 / 32 + piece) * 4 * 512;
+                    _tile_loadd(4, p16 + piece * 32, SPAN * 2);
+                    _tile_loadd(5, vt, 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                    _tile_loadd(6, vt + 512, 64);
+                    _tile_dpbf16ps(1, 4, 6);
+                    _tile_loadd(7, vt + 1024, 64);
+                    _tile_dpbf16ps(2, 4, 7);
+                    _tile_loadd(5, vt + 1536, 64);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+                _tile_stored(0, pv, HEAD * 4);
+                _tile_stored(1, pv + 16, HEAD * 4);
+                _tile_stored(2, pv + 32, HEAD * 4);
+                _tile_stored(3, pv + 48, HEAD * 4);
+                for (int i = 0; i < rows; i++)
+                    for (int d = 0; d < HEAD; d += 16) {
+                        float *a = acc + i * HEAD + d;
+                        _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a),
+                                                         _mm512_load_ps(pv + i * HEAD + d)));
+                    }
+            }
+            for (int i = 0; i < rows; i++) {
+                uint16_t *o = out + (q0 + i) * o_tok + h * o_head;
+                const float inv = 1.0f / row_sum[i];
+                for (int d = 0; d < HEAD; d++) o[d] = to_bf16(acc[i * HEAD + d] * inv);
+            }
+        }
+        if (configured != -1) _tile_release();
+    }
+    free(kp);
+    free(vp);
+    return 0;
+}
+
+#else
+
+int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
+                          const uint16_t *k_ctx, const uint16_t *v_ctx, int64_t ctx_head,
+                          int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
+                          int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
+                          int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
+                          int64_t kv_heads, float scale, int threads) {
+    (void)q, (void)q_tok, (void)q_head, (void)k_ctx, (void)v_ctx, (void)ctx_head;
+    (void)ctx_tok, (void)k_new, (void)v_new, (void)new_tok, (void)new_head, (void)out;
+    (void)o_tok, (void)o_head, (void)q_len, (void)ctx_len, (void)heads, (void)kv_heads;
+    (void)scale, (void)threads;
+    return -1;
+}
+
+#endif
