@@ -39,7 +39,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
-    prefill_attention: str = "auto"  # auto | flash | masked (chunks after cached context)
+    prefill_attention: str = "auto"  # auto | amx | flash | masked (prompt chunks)
     # auto | torch | onednn | onednn_packed (weights blocked once at load) | amx (bfloat16:
     # also an AMX tile-layout copy for matmuls of few rows); projections' GEMM
     linear_backend: str = "auto"
