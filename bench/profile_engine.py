@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 MODEL_PARTS = ("gemm qkv", "gemm o", "gemm gate_up", "gemm down", "attention", "write_kv",
                "rope", "add+rmsnorm", "silu_mul")
 ATTENTION_PARTS = ("  decode kernel", "  decode torch", "  prefill fresh", "  prefill cached",
-                   "  prefill masked", "  gather")
+                   "  prefill masked", "  prefill amx", "  gather")
 STEP_PARTS = ("schedule", "prepare", "model", "logits", "sample", "update")
 
 
