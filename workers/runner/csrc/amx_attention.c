@@ -29,25 +29,13 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
-typedef struct {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
+#include "amx_tiles.h"
 
 /* Scores: tmm0, 1 q (dims 0-31, 32-63), tmm2, 3 the sums for keys 0-15, 16-31 of a piece.
    Values: tmm0-3 p . v for dims 0-15 ... 48-63, tmm4 p. tmm5-7: K or V tiles, in turn. */
 static void configure(int rows) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    const int tile_rows[8] = {rows, rows, rows, rows, rows, 16, 16, 16};
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = (uint8_t)tile_rows[t];
-        cfg.colsb[t] = 64;
-    }
+    const int rows_of[8] = {rows, rows, rows, rows, rows, 16, 16, 16};
+    const tile_config cfg = tile_rows(rows_of);
     _tile_loadconfig(&cfg);
 }
 

@@ -12,24 +12,19 @@
    The AMX code exists only in a build for a CPU with amx_tile and amx_bf16; other builds
    export the same functions and answer -1 (not available). */
 
+#define _GNU_SOURCE /* syscall() under -std=c11 */
 #include <stdint.h>
 #include <string.h>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include <immintrin.h>
+
+#include "amx_tiles.h"
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-
-typedef struct {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
 
 /* Ask Linux for the AMX tile state (once per process): 0, or -1 where it is refused. */
 int amx_init(void) {
@@ -59,15 +54,9 @@ int amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
 #define ROW_BLOCK 256
 
 static void configure(int rows0, int rows1) {
-    tile_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
     /* tmm0..3: sums (row chunk i, column block j -> tmm 2i + j); tmm4, 5: x; tmm6, 7: w */
     const int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, 16, 16};
-    for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = (uint8_t)rows[t];
-        cfg.colsb[t] = rows[t] ? 64 : 0;
-    }
+    const tile_config cfg = tile_rows(rows);
     _tile_loadconfig(&cfg);
 }
 
