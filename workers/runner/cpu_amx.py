@@ -1,10 +1,11 @@
 """bfloat16 matmuls of few rows on Intel AMX (`csrc/amx_gemm.c`), for decode steps.
 
 A decode step's projections are bound by reading the weights once. oneDNN's blocked bfloat16
-matmul read SmolLM2's weights at 13-17 GB/s on a 2-core Sapphire Rapids-class VM whose plain
-read ran at 23 GB/s; this kernel streams a weight packed once into AMX's tile layout at
-16-25 GB/s there (1.2-1.45x at 1-64 rows, docs/benchmarks.md). At many rows (long prefill
-chunks) oneDNN is faster, so the `amx` linear backend keeps both copies and picks by rows.
+matmul read SmolLM2's weights at 11-15 GB/s at 1-64 rows on a 2-core AMX Xeon VM whose
+plain read ran at 23 GB/s; this kernel streams a weight packed once into AMX's tile layout
+at 12-20 GB/s there (1.17-1.41x, `bench/amx_gemm.py`, docs/benchmarks.md). At many rows
+(long prefill chunks) oneDNN is faster, so the `amx` linear backend keeps both copies and
+picks by rows.
 """
 
 from __future__ import annotations
