@@ -56,6 +56,17 @@ def available() -> bool:
     return granted
 
 
+def copy_fits(nbytes: int, available: int | None = None) -> bool:
+    """Whether a second copy of `nbytes` of weights may be made: at most a quarter of the
+    memory available now (after loading), so `auto` never trades the KV cache's room, or
+    the machine's, for faster matmuls; an explicit `amx` makes the copy regardless."""
+    if available is None:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    return nbytes <= available // 4
+
+
 def packable(weight: torch.Tensor) -> bool:
     """A dense bfloat16 [out, in] weight whose sizes the tile layout covers (multiples of 32)."""
     return (weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.device.type == "cpu"

@@ -13,6 +13,7 @@ matcher, filled on the CPU while the device computes the logits.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +23,13 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import kv_cache, token_mask
+from workers.runner import cpu_amx, kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
-from workers.runner.linear import linear_kernel, pick_linear_backend
+from workers.runner.linear import Linear, linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
@@ -41,6 +42,8 @@ from workers.runner.quantization import (
 from workers.runner.rejection import SpecRow, verify
 from workers.runner.sampler import SampleResult, SamplingRow, sample
 from workers.runner.token_mask import TokenMask
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -323,6 +326,13 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     model.eval()
     linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,
                                          quantized=config.quantization != "none")
+    if linear_backend == "amx" and config.linear_backend == "auto":
+        copy = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                   if isinstance(m, Linear)) + model.embed_tokens.weight.nbytes
+        if not cpu_amx.copy_fits(copy):
+            logger.info("not keeping an AMX copy of %d MB of weights (over a quarter of the "
+                        "memory available); linear backend onednn_packed", copy >> 20)
+            linear_backend = "onednn_packed"
     model.use_linear_kernel(linear_kernel(linear_backend))
     check_int8_compute(config.int8_compute)  # probed only where there are int8 weights
     if check_quantization(config.quantization) != "none":  # before packing (it refuses int8)

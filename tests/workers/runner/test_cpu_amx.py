@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from workers import LLM, SamplingParams
 from workers.runner import cpu_amx
-from workers.runner.linear import linear_kernel
+from workers.runner.linear import Linear, linear_kernel
 from workers.runner.model import LlamaModel
 
 needs_amx = pytest.mark.skipif(not cpu_amx.available(),
@@ -95,3 +96,26 @@ def test_the_model_uses_amx_for_few_rows_and_onednn_for_many(monkeypatch):
         torch.testing.assert_close(model.compute_logits(x), logits,
                                    rtol=1e-4 if few else 2 ** -7, atol=1e-3 if few else 1e-2)
         assert calls == ([rows, rows] if rows <= cpu_amx.MAX_ROWS else [])
+
+
+def test_the_copy_may_take_a_quarter_of_the_memory_available():
+    assert cpu_amx.copy_fits(100, available=400)
+    assert not cpu_amx.copy_fits(101, available=400)
+    assert cpu_amx.copy_fits(1 << 20)  # this machine has more than 4 MiB free
+
+
+@needs_amx
+@pytest.mark.parametrize(("asked", "fits", "expected"), [
+    ("auto", True, "amx"), ("auto", False, "onednn_packed"), ("amx", False, "amx"),
+])
+def test_auto_skips_the_amx_copy_where_memory_is_short(tiny_llama_path, monkeypatch, asked,
+                                                       fits, expected):
+    monkeypatch.setattr(cpu_amx, "copy_fits", lambda nbytes, available=None: fits)
+    llm = LLM(str(tiny_llama_path), device="cpu", dtype="bfloat16", kv_cache_memory=1 << 22,
+              linear_backend=asked)
+    runner = llm.engine.runner
+    assert runner.linear_backend == expected
+    has_copy = [m.amx_weight is not None for m in runner.model.modules() if isinstance(m, Linear)]
+    assert all(has_copy) if expected == "amx" else not any(has_copy)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert len(llm.generate([[5, 17, 301, 44]], params)[0].outputs[0].token_ids) == 4
