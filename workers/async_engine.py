@@ -29,6 +29,9 @@ from workers.lora.manager import AdapterBusyError, AdapterStatus
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+# How stale /stats' view of the adapters may get while steps run (an adapter call refreshes
+# it at once); gateways poll every second.
+LORAS_SEEN_EVERY_S = 0.1
 
 
 class EngineDeadError(RuntimeError):
@@ -58,7 +61,8 @@ class AsyncLLMEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading: set[str] = set()  # adapters being read back for parked requests
         self._background: set[asyncio.Task[None]] = set()
-        self._loras_seen: list[AdapterStatus] = []  # as of the last step or adapter call
+        self._loras_seen: list[AdapterStatus] = []  # as of a recent step or the last call
+        self._loras_seen_at = 0.0
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> AsyncLLMEngine:
@@ -185,8 +189,9 @@ class AsyncLLMEngine:
         return await self._call(lambda e: e.list_loras())
 
     def loras_seen(self) -> list[AdapterStatus]:
-        """The adapters as of the last step or adapter call, without waiting for the step in
-        flight: /stats must answer within its poll timeout while a long prefill runs."""
+        """The adapters as of a step at most `LORAS_SEEN_EVERY_S` old, or the last adapter
+        call, without waiting for the step in flight: /stats must answer within its poll
+        timeout while a long prefill runs."""
         return self._loras_seen
 
     async def _call(self, fn: Callable[[LLMEngine], T]) -> T:
@@ -280,7 +285,9 @@ class AsyncLLMEngine:
         if not engine.has_schedulable_work():
             return refused
         outputs = engine.step()
-        self._loras_seen = engine.list_loras()
+        now = time.monotonic()
+        if now - self._loras_seen_at >= LORAS_SEEN_EVERY_S:  # not a list per step
+            self._loras_seen, self._loras_seen_at = engine.list_loras(), now
         return refused + outputs
 
     def _apply_call(self, fn: Callable[[LLMEngine], Any], future: asyncio.Future[Any]) -> None:

@@ -271,8 +271,7 @@ def paged_attention(
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
         parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale))
-    # a draft model with other heads keeps the flash split
-    on_amx = meta.prefill_kernel == "amx" and amx_prefill.fits(q.dtype, q.shape[-1], q.device)
+    on_amx = meta.prefill_kernel == "amx"
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:

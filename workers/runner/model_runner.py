@@ -23,7 +23,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import cpu_amx, kv_cache, token_mask
+from workers.runner import amx_prefill, cpu_amx, kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.cpu_fused import pick_elementwise
@@ -328,7 +328,9 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
                                          quantized=config.quantization != "none")
     if linear_backend == "amx" and config.linear_backend == "auto":
         copy = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
-                   if isinstance(m, Linear)) + model.embed_tokens.weight.nbytes
+                   if isinstance(m, Linear))
+        if model.tie_word_embeddings:  # the head's copy reads the embedding
+            copy += model.embed_tokens.weight.nbytes
         if not cpu_amx.copy_fits(copy):
             logger.info("not keeping an AMX copy of %d MB of weights (over a quarter of the "
                         "memory available); linear backend onednn_packed", copy >> 20)
@@ -377,6 +379,11 @@ class _DraftParts:
             config.attention_backend, config.device, config.block_size, self.spec.head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype)
+        if prefill == "amx" and not amx_prefill.fits(config.dtype, self.spec.head_dim,
+                                                      config.device):
+            # the target's AMX prefill kernel does not take the draft's heads
+            prefill = pick_prefill_attention("auto", config.device, dtype=config.dtype,
+                                             head_dim=self.spec.head_dim)
         caches = kv_cache.allocate(self.spec, num_blocks, config.device)
         return DraftProposer(self.model, caches, config.block_size, backend, prefill,
                              dtype=config.dtype)

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "fast_exp.h"
 
 #define HEAD 64
@@ -51,13 +52,6 @@ static inline __m512 exp2_512(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471806f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, k);
-}
-
-static inline uint16_t to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7fff + ((bits >> 16) & 1); /* round to nearest even (no NaNs here) */
-    return (uint16_t)(bits >> 16);
 }
 
 /* Where one head's keys (or values) live: the first `ctx` rows in the cached context, the
@@ -270,7 +264,7 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
             for (int i = 0; i < rows; i++) {
                 uint16_t *o = out + (q0 + i) * o_tok + h * o_head;
                 const float inv = 1.0f / row_sum[i];
-                for (int d = 0; d < HEAD; d++) o[d] = to_bf16(acc[i * HEAD + d] * inv);
+                for (int d = 0; d < HEAD; d++) o[d] = f32_to_bf16(acc[i * HEAD + d] * inv);
             }
         }
         if (configured != -1) _tile_release();
