@@ -123,10 +123,10 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--attention-backend", choices=("auto", "torch", "triton", "cpu"),
                         default="auto",
                         help="decode attention (auto: Triton on CUDA, the C kernel on CPU)")
-    worker.add_argument("--prefill-attention", choices=("auto", "amx", "flash", "masked"),
+    worker.add_argument("--prefill-attention", choices=("auto", "amx", "vec", "flash", "masked"),
                         default="auto", help="prompt chunks (auto: the AMX kernel for "
-                                             "bfloat16 where the CPU has AMX, else flash on "
-                                             "CPU)")
+                                             "bfloat16 where the CPU has AMX, else the AVX-512 "
+                                             "one where it runs, else flash on CPU)")
     worker.add_argument("--linear-backend", default="auto",
                         choices=("auto", "torch", "onednn", "onednn_packed", "amx"),
                         help="projection GEMMs (auto: oneDNN on CPU, with AMX tiles for "

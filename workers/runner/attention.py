@@ -16,7 +16,9 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
   nothing read from the pool. A later chunk gathers its cached context. With the `flash`
   prefill kernel (the default on CPU) it attends to that context and to its own K/V in two
   fused calls merged by log-sum-exp (`flash_prefill`); with `masked` (the fallback) it gathers
-  its own positions too and hands SDPA an explicit causal mask.
+  its own positions too and hands SDPA an explicit causal mask. The `amx` and `vec` kernels
+  (`amx_prefill`, `vec_prefill`) take every chunk whole, its context and its own K/V, in one
+  call.
 
 Grouped-query attention folds the query heads of a KV head into the query length, so K and V
 are never repeated.
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from workers.runner import amx_prefill
+from workers.runner import amx_prefill, vec_prefill
 from workers.runner.flash_prefill import cached_chunk_attention
 from workers.runner.kv_quant import dequantize_rows, head_dim_of, is_quantized, quantize_rows
 
@@ -118,11 +120,13 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_batch: DecodeBatch | None = None
     workspace: GatherWorkspace | None = None  # None: a fresh one for this call
-    prefill_kernel: str = "masked"  # `amx`: every prefill chunk through `amx_prefill`
+    prefill_kernel: str = "masked"  # `amx`, `vec`: every prefill chunk through one C kernel
 
 
 # How prefill chunks after cached context are served (attention_backend.pick_prefill_attention).
-PREFILL_KERNELS = ("flash", "masked", "amx")
+PREFILL_KERNELS = ("flash", "masked", "amx", "vec")
+# The kernels that take every chunk whole, cached context or not, in one call.
+_CHUNK_KERNELS = {"amx": amx_prefill.prefill_attention, "vec": vec_prefill.prefill_attention}
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
 # short contexts are not padded to the longest one in the batch.
@@ -172,7 +176,7 @@ def build_metadata(
     for start, q_len, table in seqs[num_decodes:]:
         if start == 0:
             prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
-        elif prefill_kernel in ("flash", "amx"):
+        elif prefill_kernel in ("flash", *_CHUNK_KERNELS):
             blocks = torch.tensor([table[: -(-start // bs)]], dtype=torch.long)
             pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
             prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None, cached=start))
@@ -271,12 +275,11 @@ def paged_attention(
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
         parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale))
-    on_amx = meta.prefill_kernel == "amx"
+    whole = _CHUNK_KERNELS.get(meta.prefill_kernel)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
-            parts.append(amx_prefill.prefill_attention(q[rows], k[rows], v[rows], None, None,
-                                                       scale) if on_amx
+            parts.append(whole(q[rows], k[rows], v[rows], None, None, scale) if whole
                          else _prefill_fresh(q[rows], k[rows], v[rows], scale))
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
@@ -284,8 +287,7 @@ def paged_attention(
             kv_heads, head_dim = k_cache.shape[1], q.shape[-1]
             ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
-            parts.append(amx_prefill.prefill_attention(q[rows], k[rows], v[rows], ctx_k, ctx_v,
-                                                       scale) if on_amx
+            parts.append(whole(q[rows], k[rows], v[rows], ctx_k, ctx_v, scale) if whole
                          else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
                                                      scale))
         else:

@@ -23,7 +23,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import amx_prefill, cpu_amx, kv_cache, token_mask
+from workers.runner import cpu_amx, kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.cpu_fused import pick_elementwise
@@ -68,7 +68,7 @@ class RunnerConfig:
     max_lora_rank: int = 16
     attention_backend: str = "auto"
     linear_backend: str = "auto"
-    prefill_attention: str = "auto"  # auto | amx | flash | masked (prompt chunks)
+    prefill_attention: str = "auto"  # auto | amx | vec | flash | masked (prompt chunks)
     elementwise: str = "auto"  # auto | torch | cpu (workers/runner/cpu_fused.py)
     draft_model: Path | None = None  # speculative decoding's draft (same vocabulary)
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
@@ -379,9 +379,10 @@ class _DraftParts:
             config.attention_backend, config.device, config.block_size, self.spec.head_dim,
             group=hf_config.num_attention_heads // hf_config.num_key_value_heads,
             dtype=config.dtype)
-        if prefill == "amx" and not amx_prefill.fits(config.dtype, self.spec.head_dim,
-                                                      config.device):
-            # the target's AMX prefill kernel does not take the draft's heads
+        try:
+            prefill = pick_prefill_attention(prefill, config.device, dtype=config.dtype,
+                                             head_dim=self.spec.head_dim)
+        except ValueError:  # the target's prefill kernel does not take the draft's heads
             prefill = pick_prefill_attention("auto", config.device, dtype=config.dtype,
                                              head_dim=self.spec.head_dim)
         caches = kv_cache.allocate(self.spec, num_blocks, config.device)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.runner import cpu_amx, cpu_decode, flash_prefill
+from workers.runner import cpu_amx, cpu_decode, flash_prefill, vec_prefill
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -85,7 +85,7 @@ def test_prefill_attention_without_the_fused_kernel_is_masked_or_refused(monkeyp
 
 @pytest.mark.parametrize(("name", "device", "match"), [
     ("flash", CUDA, "needs a CPU device"),
-    ("math", CPU, "must be one of auto, flash, masked"),
+    ("math", CPU, "must be one of auto, flash, masked, amx, vec"),
 ])
 def test_impossible_prefill_attention_is_refused(name, device, match):
     with pytest.raises(ValueError, match=match):
@@ -95,6 +95,7 @@ def test_impossible_prefill_attention_is_refused(name, device, match):
 @pytest.mark.parametrize("amx", [False, True])
 def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_where_amx_runs(monkeypatch, amx):
     monkeypatch.setattr(cpu_amx, "available", lambda: amx)
+    monkeypatch.setattr(vec_prefill, "fits", lambda *args: False)
     bf16 = {"dtype": torch.bfloat16, "head_dim": 64}
     assert pick_prefill_attention("auto", CPU, **bf16) == ("amx" if amx else "flash")
     assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16, head_dim=128) == "flash"
@@ -104,3 +105,22 @@ def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_where_amx_runs(monkey
         assert pick_prefill_attention("amx", CPU, **bf16) == "amx"
     with pytest.raises(ValueError, match="prefill_attention 'amx' needs bfloat16"):
         pick_prefill_attention("amx", CPU, dtype=torch.float32, head_dim=64)
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_prefill_attention_is_vec_where_it_runs_and_amx_does_not(monkeypatch, amx):
+    """`vec` wherever its kernel takes the dtype and heads (AVX-512 float32, AVX-512 BF16
+    bfloat16), after `amx`; flash where it does not."""
+    monkeypatch.setattr(cpu_amx, "available", lambda: amx)
+    monkeypatch.setattr(vec_prefill, "fits",
+                        lambda dtype, head_dim, device: device.type == "cpu"
+                        and head_dim in (64, 128) and dtype == torch.float32)
+    assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "vec"
+    assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=128) == "vec"
+    assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=96) == "flash"
+    assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16,
+                                  head_dim=64) == ("amx" if amx else "flash")
+    assert pick_prefill_attention("auto", CUDA, dtype=torch.float32, head_dim=64) == "masked"
+    assert pick_prefill_attention("vec", CPU, dtype=torch.float32, head_dim=64) == "vec"
+    with pytest.raises(ValueError, match="prefill_attention 'vec' needs heads of 64 or 128"):
+        pick_prefill_attention("vec", CPU, dtype=torch.bfloat16, head_dim=64)

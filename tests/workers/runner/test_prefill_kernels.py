@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from tests.conftest import build_tiny_llama
 from tests.workers.hf_reference import hf_greedy, hf_model
 from workers import LLM, SamplingParams
-from workers.runner import cpu_amx
+from workers.runner import cpu_amx, vec_prefill
 
 MAX_NEW = 12
 
@@ -43,31 +44,70 @@ def test_auto_picks_the_flash_split_on_cpu(tiny_llama_path):
     assert llm.engine.runner.prefill_attention == "flash"
 
 
-@pytest.mark.skipif(not cpu_amx.available(),
-                    reason="this CPU has no AMX bfloat16 (or Linux refused it)")
-def test_amx_prefill_is_as_close_to_float32_as_the_flash_split(tmp_path, tokenizer):
-    """Heads of 64 (the AMX kernel's size), bfloat16, chunks after cached context: `auto`
-    picks `amx`, and while greedy tokens agree with the float32 engine's, their logprobs are
-    as close to float32's as those of the bfloat16 engine on the flash split (on this peaked
-    random model either is up to about 0.5 off; a near-tie forks the sequences after some
-    tokens, so only the agreeing prefix is compared)."""
-    path = build_tiny_llama(tmp_path / "heads64", tokenizer, hidden_size=256,
+def heads64(tmp_path, tokenizer):
+    """A random Llama with heads of 64, the size the C prefill kernels take."""
+    return build_tiny_llama(tmp_path / "heads64", tokenizer, hidden_size=256,
                             intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
-    rng = random.Random(3)
-    shared = [rng.randrange(100, 40000) for _ in range(150)]
-    prompts = [shared + [rng.randrange(100, 40000) for _ in range(rng.randint(5, 90))]
-               for _ in range(4)]
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+
+
+def cached_prompts(seed: int, shared_len: int, count: int, most: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(100, 40000) for _ in range(shared_len)]
+    return [shared + [rng.randrange(100, 40000) for _ in range(rng.randint(5, most))]
+            for _ in range(count)]
+
+
+@pytest.mark.skipif(not vec_prefill.fits(torch.float32, 64, torch.device("cpu")),
+                    reason="this CPU has no AVX-512")
+def test_vec_prefill_float32_gives_hf_greedy_tokens(tmp_path, tokenizer):
+    """`auto` picks `vec` for float32 heads of 64 on AVX-512; whole prompts and chunks after
+    cached context (a 64-token step budget over 150 shared tokens) give HF's greedy tokens."""
+    path = heads64(tmp_path, tokenizer)
+    prompts = cached_prompts(5, 150, 4, 90)
+    model = hf_model(path)
+    expected = [hf_greedy(model, p, MAX_NEW, eos=False) for p in prompts]
+    llm = LLM(str(path), device="cpu", kv_cache_memory=16 << 20, max_num_batched_tokens=64)
+    assert llm.engine.runner.prefill_attention == "vec"
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    first = llm.generate(prompts[:1], params)
+    rest = llm.generate(prompts[1:], params)
+    assert [o.token_ids for o in first + rest] == expected
+    assert all(o.num_cached_tokens >= 144 for o in rest)
+
+
+def _bf16_kernel_runs(kernel: str) -> bool:
+    if kernel == "amx":
+        return cpu_amx.available()
+    return vec_prefill.fits(torch.bfloat16, 64, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("kernel", ["amx", "vec"])
+def test_bfloat16_kernel_is_as_close_to_float32_as_the_flash_split(tmp_path, tokenizer, kernel):
+    """Heads of 64, bfloat16, chunks after cached context: while greedy tokens agree with the
+    float32 engine's, the kernel's logprobs are as close to float32's as those of the
+    bfloat16 engine on the flash split (on this peaked random model either is up to about
+    0.5 off; a near-tie forks the sequences after some tokens, so only the agreeing prefix is
+    compared). `auto` picks `amx` where AMX runs, else `vec` where AVX-512 BF16 does."""
+    if not _bf16_kernel_runs(kernel):
+        pytest.skip(f"the {kernel} bfloat16 kernel does not run on this CPU")
+    path = heads64(tmp_path, tokenizer)
+    # the AMX case as first measured; the vector kernel's greedy tokens fork from float32's
+    # sooner on its first four prompts (6 agreeing tokens), so it gets more to compare
+    count, tokens = (4, 8) if kernel == "amx" else (6, 12)
+    prompts = cached_prompts(3, 150, count, 90)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, logprobs=1)
     outs = {}
-    for name, dtype, kernel in (("float32", "float32", "auto"), ("flash", "bfloat16", "flash"),
-                                ("amx", "bfloat16", "auto")):
+    for name, dtype, asked in (("float32", "float32", "flash"), ("flash", "bfloat16", "flash"),
+                               (kernel, "bfloat16", kernel)):
         llm = LLM(str(path), device="cpu", dtype=dtype, kv_cache_memory=16 << 20,
-                  max_num_batched_tokens=64, prefill_attention=kernel)
-        assert llm.engine.runner.prefill_attention == ("flash" if name == "float32" else name)
+                  max_num_batched_tokens=64, prefill_attention=asked)
+        assert llm.engine.runner.prefill_attention == asked
         first = llm.generate(prompts[:1], params)
         rest = llm.generate(prompts[1:], params)
         assert all(o.num_cached_tokens >= 144 for o in rest)
         outs[name] = [o.outputs[0] for o in first + rest]
+    auto = LLM(str(path), device="cpu", dtype="bfloat16", kv_cache_memory=16 << 20)
+    assert auto.engine.runner.prefill_attention == ("amx" if cpu_amx.available() else "vec")
 
     def deviations(name: str) -> list[float]:
         devs = []
@@ -78,7 +118,7 @@ def test_amx_prefill_is_as_close_to_float32_as_the_flash_split(tmp_path, tokeniz
                 devs.append(abs(a.logprob - b.logprob))
         return devs
 
-    amx, flash = deviations("amx"), deviations("flash")
-    assert len(amx) >= 8
-    assert max(amx) <= max(flash) + 0.1
-    assert sum(amx) / len(amx) <= sum(flash) / len(flash) + 0.05
+    ours, flash = deviations(kernel), deviations("flash")
+    assert len(ours) >= 8
+    assert max(ours) <= max(flash) + 0.1
+    assert sum(ours) / len(ours) <= sum(flash) / len(flash) + 0.05

@@ -27,4 +27,26 @@ static inline float exp_nonpositive(float x) {
     return x < -87.0f ? 0.0f : p * two_k;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* 2^x for x <= 0, 16 lanes, to float32 rounding: x = k + f with |f| <= 1/2, 2^f by its
+ * degree-7 Taylor polynomial, 2^k by scalef. Below -126, about 0 (callers mask what must be
+ * exactly 0). The attention kernels keep their scores in log2 units, so this is their exp. */
+static inline __m512 exp2_avx512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
+    const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, k);
+    __m512 p = _mm512_set1_ps(1.5252733804e-5f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393e-4f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, k);
+}
+#endif
+
 #endif

@@ -1,0 +1,89 @@
+"""Causal prefill attention with AVX-512 vectors, queries in the lanes (`csrc/vec_attention.c`):
+float32, or bfloat16 where the CPU has AVX-512 BF16; heads of 64 or 128.
+
+One call serves a whole chunk, after cached context or not, like `amx_prefill` (whose
+argument order it shares) on CPUs without AMX. It replaces `flash_prefill`'s two calls of
+PyTorch's flash CPU kernel and their merge where it runs (`prefill_attention: vec`);
+docs/benchmarks.md has the comparison.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from workers.runner import cbuild
+
+HEAD_DIMS = (64, 128)
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 2}
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+
+
+@functools.cache
+def load_library(march: str = "native") -> ctypes.CDLL:
+    """Built once per source, flags and CPU (`cbuild`); RuntimeError if it cannot be."""
+    lib = cbuild.build_and_load("vec_attention", "CPU vector prefill attention kernel", march)
+    lib.vec_prefill_supports.restype = _INT
+    lib.vec_prefill_supports.argtypes = [_INT, _I64]
+    lib.vec_prefill_attention.restype = _INT
+    lib.vec_prefill_attention.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64,
+                                          _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
+                                          _INT, ctypes.c_float, _INT]
+    return lib
+
+
+@functools.cache
+def _supported(dtype: torch.dtype, head_dim: int) -> bool:
+    if dtype not in _DTYPE_CODES or head_dim not in HEAD_DIMS:
+        return False
+    if "avx512f" not in cbuild.cpu_flags():
+        return False
+    try:
+        return load_library().vec_prefill_supports(_DTYPE_CODES[dtype], head_dim) == 1
+    except RuntimeError:
+        return False
+
+
+def fits(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """A CPU device, heads of 64 or 128, float32 on AVX-512, bfloat16 on AVX-512 BF16."""
+    return device.type == "cpu" and _supported(dtype, head_dim)
+
+
+def chunk_arguments(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                    k_ctx: torch.Tensor | None, v_ctx: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The output tensor and the pointer/stride arguments every prefill kernel here takes, in
+    order: q, context K/V, the chunk's K/V, out, then q_len, ctx_len, heads, kv_heads."""
+    q_len, heads, head_dim = q.shape
+    kv_heads = k_new.shape[1]
+    assert q.dtype == k_new.dtype == v_new.dtype
+    assert k_new.stride() == v_new.stride() and k_new.stride(-1) == q.stride(-1) == 1
+    if k_ctx is None or v_ctx is None or k_ctx.shape[1] == 0:
+        k_ctx = v_ctx = k_new.new_empty(kv_heads, 0, head_dim)
+    assert k_ctx.stride() == v_ctx.stride() and k_ctx.stride(-1) == 1
+    out = torch.empty(q_len, heads, head_dim, dtype=q.dtype)
+    return out, (q.data_ptr(), q.stride(0), q.stride(1), k_ctx.data_ptr(), v_ctx.data_ptr(),
+                 k_ctx.stride(0), k_ctx.stride(1), k_new.data_ptr(), v_new.data_ptr(),
+                 k_new.stride(0), k_new.stride(1), out.data_ptr(), out.stride(0),
+                 out.stride(1), q_len, k_ctx.shape[1], heads, kv_heads)
+
+
+def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
+                      k_ctx: torch.Tensor | None, v_ctx: torch.Tensor | None,
+                      scale: float) -> torch.Tensor:
+    """q [q_len, heads, dim]; the chunk's k_new, v_new [q_len, kv_heads, dim]; the cached
+    context before it k_ctx, v_ctx [kv_heads, context, dim] or None (views are fine where
+    the last dimension is dense). Query i sits at position context + i and sees every
+    position up to its own. Returns [q_len, heads, dim]."""
+    head_dim = q.shape[-1]
+    assert _supported(q.dtype, head_dim), f"no vector prefill kernel for {q.dtype}, {head_dim}"
+    out, args = chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
+    status = load_library().vec_prefill_attention(
+        *args, head_dim, _DTYPE_CODES[q.dtype], scale, torch.get_num_threads())
+    if status != 0:
+        raise RuntimeError(f"the vector prefill attention kernel failed ({status})")
+    return out
