@@ -9,7 +9,7 @@
    32 dims a tile; V for p.v: 32 keys x 16 dims). Each task (a query head and 16 queries;
    a K/V head's tasks run in a row so its packed K/V stay in L2) walks the keys 128 at a
    time: the scores as tiles, an online softmax over them in float32 with AVX-512 (in log2
-   units, 2^x by a short polynomial: p is rounded to bfloat16 next), p times V as tiles
+   units, 2^x by `exp2_avx512`: p is rounded to bfloat16 next), p times V as tiles
    into four accumulators, and the float32 output rescaled as the running maximum moves
    (flash attention's order).
 
@@ -38,20 +38,6 @@ static void configure(int rows) {
     const int rows_of[8] = {rows, rows, rows, rows, rows, 16, 16, 16};
     const tile_config cfg = tile_rows(rows_of);
     _tile_loadconfig(&cfg);
-}
-
-/* 2^x for x <= 0, 16 lanes, to about 4e-5 relative (p is rounded to bfloat16 after): x = k + f
-   with |f| <= 1/2, 2^f by its degree-4 Taylor polynomial, 2^k by scalef. Below -126, about 0. */
-static inline __m512 exp2_512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-126.0f));
-    const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(x, k);
-    __m512 p = _mm512_set1_ps(0.0096181291f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555041087f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.2402265070f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471806f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
 }
 
 /* Where one head's keys (or values) live: the first `ctx` rows in the cached context, the
@@ -217,12 +203,11 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                     __m512 vsum = _mm512_setzero_ps();
                     for (int t = 0; t < vectors; t += 2) {
                         const __m512 p0 = _mm512_maskz_mov_ps(
-                            visible[t], exp2_512(_mm512_fmsub_ps(_mm512_load_ps(srow + 16 * t),
-                                                                 vc, vnew)));
+                            visible[t],
+                            exp2_avx512(_mm512_fmsub_ps(_mm512_load_ps(srow + 16 * t), vc, vnew)));
                         const __m512 p1 = _mm512_maskz_mov_ps(
-                            visible[t + 1],
-                            exp2_512(_mm512_fmsub_ps(_mm512_load_ps(srow + 16 * t + 16), vc,
-                                                     vnew)));
+                            visible[t + 1], exp2_avx512(_mm512_fmsub_ps(
+                                                _mm512_load_ps(srow + 16 * t + 16), vc, vnew)));
                         vsum = _mm512_add_ps(vsum, _mm512_add_ps(p0, p1));
                         _mm512_store_si512((__m512i *)(p16 + i * SPAN + 16 * t),
                                            (__m512i)_mm512_cvtne2ps_pbh(p1, p0));

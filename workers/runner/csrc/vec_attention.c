@@ -256,7 +256,8 @@ static inline __attribute__((always_inline)) void task(
 /* V -> [key pairs][dim][2] as 32-bit words (keys past len are 0), for the BF16 dot product. */
 static void pack_v_pairs(const rows_of *v, int64_t pairs, int head, uint32_t *out) {
     for (int64_t j = 0; j < pairs; j++) {
-        const bf16 *even = (const bf16 *)row_at(v, 2 * j), *odd = (const bf16 *)row_at(v, 2 * j + 1);
+        const bf16 *even = (const bf16 *)row_at(v, 2 * j);
+        const bf16 *odd = (const bf16 *)row_at(v, 2 * j + 1);
         for (int d = 0; d < head; d++)
             out[j * head + d] = (uint32_t)even[d] | (uint32_t)odd[d] << 16;
     }
