@@ -130,7 +130,8 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         try:
-            workers = [start_worker(tmp, served, f"{served}-{i}", args.kv_cache_mib)
+            hot = ["--prefix-hot-window-s", str(args.hot_window_s)]
+            workers = [start_worker(tmp, served, f"{served}-{i}", args.kv_cache_mib, hot)
                        for i in "ab"]
             procs += workers
             pool = {"prefix_tokenizer": tokenizer,
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="each worker's KV pool (SmolLM2 float32: 45 KiB a token)")
     parser.add_argument("--think-s", type=float, default=1.0,
                         help="mean pause between a chat's turns (exponential; 0: none)")
+    parser.add_argument("--hot-window-s", type=float, default=10.0,
+                        help="the workers' --prefix-hot-window-s: a few times --think-s, so a "
+                             "chat between turns counts toward its worker's KV working set")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
                         "prefix_routing.json")
     args = parser.parse_args(argv)

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,14 @@ SECRET = "bench-fleet-secret"
 MESSAGES = [{"role": "user", "content": "Name one colour."}]
 
 
-def start_worker(tmp: Path, served: str, worker_id: str, kv_cache_mib: int = 256
-                 ) -> ServerProcess:
+def start_worker(tmp: Path, served: str, worker_id: str, kv_cache_mib: int = 256,
+                 extra: Sequence[str] = ()) -> ServerProcess:
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SWITCHBOARD_WORKER_SECRET": SECRET,
            "SWITCHBOARD_WORKER_HEARTBEAT_TTL_S": "3", "SWITCHBOARD_LOG_LEVEL": "warning"}
     argv = [python(), "-m", "gateway.cli", "worker", "--served-model-name", served,
             "--port", str(port), "--worker-id", worker_id, "--register-redis", REDIS,
-            "--kv-cache-memory", str(kv_cache_mib << 20)]
+            "--kv-cache-memory", str(kv_cache_mib << 20), *extra]
     worker = ServerProcess(worker_id, argv, port, tmp / f"{worker_id}.log", env=env, cwd=ROOT)
     worker.start()
     worker.wait_ready("/health/ready", 180)

@@ -113,6 +113,9 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
                         help="another tenant's request of at most this many prompt tokens "
                              "runs between two layers of the step in flight (0: never; "
                              "default 256 on CPU, 0 on CUDA)")
+    worker.add_argument("--prefix-hot-window-s", type=float, default=30.0,
+                        help="a cached block let go of within this many seconds counts toward "
+                             "the KV working set reported for prefix-aware routing")
     worker.add_argument("--scheduling-policy", choices=("fair", "fcfs"), default="fair",
                         help="fair: the least-served tenant's requests first, by plan weight; "
                              "fcfs: priority, then arrival")
@@ -183,6 +186,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         shared_step_s=args.shared_step_s, interject_tokens=args.interject_tokens,
+        prefix_hot_window_s=args.prefix_hot_window_s,
         scheduling_policy=args.scheduling_policy, enable_lora=args.enable_lora,
         max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,

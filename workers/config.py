@@ -34,12 +34,16 @@ class EngineArgs:
     max_model_len: int | None = None
     max_waiting: int = 4096
     enable_prefix_caching: bool = True
+    # A cached block a sequence let go of within this many seconds counts toward the KV
+    # working set /stats reports (`kv_hot_tokens`): gateways place new prompts where they
+    # evict no one's next turn (docs/gateway.md). A few times the users' think time.
+    prefix_hot_window_s: float = 30.0
     enable_lora: bool = False
     max_loras: int = 4  # adapters resident on the device at once
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # loaded copies kept in host memory; None = 4 * max_loras
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
-    prefill_attention: str = "auto"  # auto | amx | flash | masked (prompt chunks)
+    prefill_attention: str = "auto"  # auto | amx | vec | flash | masked (prompt chunks)
     # auto | torch | onednn | onednn_packed (weights blocked once at load) | amx (bfloat16:
     # also an AMX tile-layout copy for matmuls of few rows); projections' GEMM
     linear_backend: str = "auto"

@@ -409,7 +409,11 @@ class LLMEngine:
             "prefix_cache_hit_tokens": self.block_manager.num_hit_tokens,
             "prefix_cache_queried_tokens": self.block_manager.num_queried_tokens,
             "num_interjections": self.num_interjections,
+            "kv_capacity_tokens": self.block_manager.num_blocks * self.block_manager.block_size,
         }
+        if self.block_manager.enable_caching:
+            hot = self.block_manager.hot_blocks(self.args.prefix_hot_window_s)
+            stats["kv_hot_tokens"] = hot * self.block_manager.block_size
         if self.scheduler.config.speculative is not None:
             stats.update(self.spec_stats.figures())
         if self.loras is not None:

@@ -105,6 +105,11 @@ class Deployment(ABC):
         (prefix-aware routing)."""
         return None
 
+    def kv_room(self) -> tuple[int, int] | None:
+        """(working-set tokens, pool tokens) of the engine's KV cache, where a worker reports
+        them: prefix-aware routing counts what a new prompt would evict there."""
+        return None
+
     def tenant_tokens(self) -> dict[str, int]:
         """Engine tokens computed per tenant id (the fair share), where the deployment runs
         our engine; "" holds requests that named no tenant."""

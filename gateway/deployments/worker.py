@@ -139,6 +139,13 @@ class WorkerDeployment(HttpDeployment):
             self._summary = cached
         return cached[1]
 
+    def kv_room(self) -> tuple[int, int] | None:
+        engine = self.status.get("stats") or {}
+        hot, capacity = engine.get("kv_hot_tokens"), engine.get("kv_capacity_tokens")
+        if not isinstance(hot, int | float) or not isinstance(capacity, int | float):
+            return None
+        return (int(hot), int(capacity)) if capacity > 0 else None
+
     def tenant_tokens(self) -> dict[str, int]:
         tenants = self.status.get("tenants") or {}
         return {str(t): int(n) for t, n in tenants.items() if isinstance(n, int | float)}

@@ -28,6 +28,7 @@ class Needs:
     request: OpenAIRequest | None = None  # its fields, each of which the deployment must serve
     # deployment name -> prompt tokens its prefix cache holds (prefix-aware routing)
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0  # the prompt's length, where prefix-aware routing tokenized it
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,10 @@ def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth]
     this replica's own requests in flight there, which are always current. A worker holding
     the request's prompt prefix gets one unit of load off per `prefix_load_penalty_tokens`
     cached tokens: the longest cached prefix wins among equally loaded workers, and loses to
-    a worker idle enough to recompute it sooner."""
+    a worker idle enough to recompute it sooner. Where a worker reports its KV working set
+    (`kv_room`), the tokens the prompt's uncached part would push out of that set count
+    against it the same way: they are someone's next turn, recomputed later. So new chats go
+    where the pool has room, and a chat whose worker overflows may move to one that has."""
     measured = [h.latency_ewma_s for d in usable
                 if (h := health(d.name)).latency_ewma_s is not None]
     unknown = min(measured) if measured else 0.0  # untried deployments look as good as the best
@@ -106,11 +110,23 @@ def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth]
         pressure = 0.0 if reported is None else (reported + h.in_flight) / d.config.weight
         lottery = -rng.random() ** (1.0 / d.config.weight)  # weighted random order
         residency = _residency(d, needs.adapter) if needs.adapter is not None else 0
-        affinity = needs.cached_tokens.get(d.name, 0) / d.config.prefix_load_penalty_tokens
+        cached = needs.cached_tokens.get(d.name, 0)
+        saved = cached - _evicted(d, needs.prompt_tokens - cached)
+        affinity = saved / d.config.prefix_load_penalty_tokens
         return (residency, d.price.per_1m, round(pressure - affinity, 2), round(expected, 4),
                 lottery)
 
     return sorted(usable, key=key)
+
+
+def _evicted(deployment: Deployment, new_tokens: int) -> int:
+    """Tokens of the deployment's KV working set that `new_tokens` more would push out: what
+    they need beyond the pool's room (0 where the worker reports no working set)."""
+    room = deployment.kv_room() if new_tokens > 0 else None
+    if room is None:
+        return 0
+    hot, capacity = room
+    return max(0, min(new_tokens, hot + new_tokens - capacity))
 
 
 def _residency(deployment: Deployment, adapter: str | None) -> int:

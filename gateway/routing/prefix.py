@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.deployments.base import Deployment
@@ -44,19 +45,28 @@ def _token_ids(tokenizer_name: str, request: OpenAIRequest) -> list[int]:
                             tokenizer=load_tokenizer(tokenizer_name))
 
 
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """What prefix-aware routing knows of a request: its prompt's length in tokens (0 when
+    it was not tokenized) and, per deployment name, the leading tokens its cache holds."""
+
+    cached: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: int = 0
+
+
 async def cached_tokens(chain: Sequence[Deployment], request: OpenAIRequest | None, *,
-                        tenant_id: str) -> dict[str, int]:
-    """Deployment name -> prompt tokens its prefix cache (probably) holds, for those that
-    report a summary and are configured with a tokenizer; {} when none is."""
+                        tenant_id: str) -> PrefixMatch:
+    """The prompt tokens each deployment's prefix cache (probably) holds, for those that
+    report a summary and are configured with a tokenizer; empty when none is."""
     if request is None:
-        return {}
+        return PrefixMatch()
     todo: list[tuple[Deployment, PrefixSummary]] = []
     for d in chain:
         summary = d.prefix_summary() if d.config.prefix_tokenizer else None
         if summary is not None:
             todo.append((d, summary))
     if not todo:
-        return {}
+        return PrefixMatch()
     ids: dict[str, list[int]] = {}
     names: dict[tuple[str, int, str | None], list[int]] = {}
     found: dict[str, int] = {}
@@ -69,10 +79,10 @@ async def cached_tokens(chain: Sequence[Deployment], request: OpenAIRequest | No
             except (InvalidRequestError, ValueError, TypeError, OSError) as exc:
                 # the deployment's own prepare tells the client; routing goes on without
                 logger.debug("no prefix affinity for this request: %s", exc)
-                return {}
+                return PrefixMatch()
         salt = None if d.config.shared_prefix_cache else tenant_id
         key = (tokenizer, summary.block_size, salt)
         if key not in names:
             names[key] = chain_hashes(ids[tokenizer], summary.block_size, salt)
         found[d.name] = summary.cached_blocks(names[key]) * summary.block_size
-    return found
+    return PrefixMatch(found, max(len(t) for t in ids.values()))

@@ -17,7 +17,7 @@ from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError, bad_request, forbidden, model_not_found, unavailable
 from gateway.features import Refusal
 from gateway.routing.policy import Needs, rank
-from gateway.routing.prefix import cached_tokens
+from gateway.routing.prefix import PrefixMatch, cached_tokens
 from tenancy.context import KeyContext
 from workers.protocol.requests import OpenAIRequest
 
@@ -54,10 +54,11 @@ async def plan_route(registry: DeploymentRegistry, adapters: AdapterCache, key: 
     if not chain:
         raise model_not_found(model)
     chain = _permitted(key, chain, asked=model, tier=tier)
-    cached = {} if adapter is not None else await cached_tokens(chain, request,
-                                                                 tenant_id=key.tenant_id)
+    prefix = PrefixMatch() if adapter is not None else await cached_tokens(
+        chain, request, tenant_id=key.tenant_id)
     needs = Needs(logprobs=logprobs, adapter=None if adapter is None else adapter.engine_name,
-                  request=request, cached_tokens=cached)
+                  request=request, cached_tokens=prefix.cached,
+                  prompt_tokens=prefix.prompt_tokens)
     ranked = rank(chain, registry.health, needs, policy=route.policy, rng=rng)
     if not ranked.order:
         raise _no_deployment(model, ranked.incapable, ranked.busy, ranked.retry_in_s,

@@ -229,7 +229,7 @@ async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
 
     async def affinity(tenant_id: str, request: dict[str, object]) -> dict[str, int]:
         parsed = parse_body(json.dumps(request).encode(), chat=True)
-        return await cached_tokens(pool, parsed, tenant_id=tenant_id)
+        return (await cached_tokens(pool, parsed, tenant_id=tenant_id)).cached
 
     body: dict[str, object] = {**chat_body(6), "messages": messages}
     for turn in range(3):

@@ -65,3 +65,20 @@ def test_batched_hits_with_preemption_match(tiny_llama_path):
     assert bm.num_free_blocks == bm.num_blocks
     assert small.engine.scheduler.num_preemptions > 0
     assert small.engine.stats()["prefix_cache_hit_rate"] > 0
+
+
+def test_stats_report_the_kv_working_set_for_routing(tiny_llama_path):
+    """`kv_hot_tokens`: the cached blocks finished requests let go of within
+    `prefix_hot_window_s`; `kv_capacity_tokens`: the whole pool."""
+    prompts = [list(range(3 + 100 * i, 43 + 100 * i)) for i in range(2)]  # nothing shared
+    hot = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20)
+    cold = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, prefix_hot_window_s=0.0)
+    for llm in (hot, cold):
+        run(llm, prompts, [None, None])
+    bm = hot.engine.block_manager
+    assert hot.engine.stats()["kv_capacity_tokens"] == bm.num_blocks * 16
+    # 40 prompt + 12 output tokens: 51 computed, three full blocks named per request
+    assert hot.engine.stats()["kv_hot_tokens"] == 2 * 3 * 16
+    assert cold.engine.stats()["kv_hot_tokens"] == 0
+    no_cache = LLM(str(tiny_llama_path), kv_cache_memory=8 << 20, enable_prefix_caching=False)
+    assert "kv_hot_tokens" not in no_cache.engine.stats()

@@ -13,6 +13,7 @@ against the stored key, so a hash collision can never serve wrong KV, and a diff
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 from workers.engine import prefix_hash
@@ -34,6 +35,7 @@ class BlockManager:
         self.block_keys: dict[int, tuple[int, BlockKey]] = {}  # block id -> (hash, key)
         self.num_hit_tokens = 0
         self.num_queried_tokens = 0
+        self.last_used = [0.0] * num_blocks  # time.monotonic() a sequence last held it
 
     @property
     def num_free_blocks(self) -> int:
@@ -43,6 +45,15 @@ class BlockManager:
     def usage(self) -> float:
         """Fraction of the pool held by sequences (cached but unused blocks count as free)."""
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def hot_blocks(self, window_s: float, now: float | None = None) -> int:
+        """The pool's working set: blocks held by sequences, and cached blocks a sequence let
+        go of within the last `window_s` (a chat's next turn is likely to want them back).
+        Routing compares it with the pool to place new prompts where they evict nothing."""
+        since = (time.monotonic() if now is None else now) - window_s
+        refs, used, named = self.ref_counts, self.last_used, self.block_keys
+        return sum(1 for b in range(self.num_blocks)
+                   if refs[b] > 0 or (b in named and used[b] >= since))
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks to hold `num_new_tokens` more, counting a copy of a shared tail."""
@@ -116,7 +127,9 @@ class BlockManager:
         """Drop the sequence's references; blocks no one holds go back to the pool."""
         if self.enable_caching:
             self._register_computed(seq)
+        now = time.monotonic()
         for block_id in reversed(seq.block_table):
+            self.last_used[block_id] = now
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self.free_block_ids[block_id] = None

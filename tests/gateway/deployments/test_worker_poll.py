@@ -25,12 +25,13 @@ class StatsServer:
     def __init__(self) -> None:
         self.delay_s = 0.0
         self.status = 200
+        self.payload: dict[str, object] = READY
         self.runner: web.AppRunner | None = None
         self.port = 0
 
     async def handle(self, _: web.Request) -> web.Response:
         await asyncio.sleep(self.delay_s)
-        return web.json_response(READY, status=self.status)
+        return web.json_response(self.payload, status=self.status)
 
     async def start(self) -> None:
         app = web.Application()
@@ -117,3 +118,17 @@ async def test_a_late_first_answer_does_not_make_a_worker_routable(server, pool)
     worker = worker_at(server.port, pool)
     await worker.poll()
     assert not worker.accepting
+
+
+@pytest.mark.parametrize(("stats", "room"), [
+    ({"kv_hot_tokens": 1200, "kv_capacity_tokens": 4096}, (1200, 4096)),
+    ({"kv_capacity_tokens": 4096}, None),  # prefix caching off: no working set
+    ({"kv_hot_tokens": "many", "kv_capacity_tokens": 4096}, None),
+    ({"kv_hot_tokens": 0, "kv_capacity_tokens": 0}, None),
+])
+async def test_the_kv_working_set_is_read_from_stats(server, pool, stats, room):
+    server.payload = {"ready": True, "stats": {"num_waiting": 0, **stats}}
+    w = worker_at(server.port, pool)
+    assert w.kv_room() is None  # nothing polled yet
+    await w.poll()
+    assert w.kv_room() == room

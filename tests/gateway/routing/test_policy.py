@@ -123,18 +123,24 @@ def test_adapter_requests_prefer_where_the_adapter_lives() -> None:
 
 
 class Loaded(HttpDeployment):
-    """An HTTP deployment reporting a fixed load, as a worker's /stats would (policy only)."""
+    """An HTTP deployment reporting a fixed load and KV working set, as a worker's /stats
+    would (policy only)."""
 
-    def __init__(self, config: DeploymentConfig, load: float) -> None:
+    def __init__(self, config: DeploymentConfig, load: float,
+                 room: tuple[int, int] | None = None) -> None:
         super().__init__(config, HttpPool(max_connections=1))
         self._load = load
+        self._room = room
 
     def load(self) -> float:
         return self._load
 
+    def kv_room(self) -> tuple[int, int] | None:
+        return self._room
 
-def loaded(name: str, load: float) -> Loaded:
-    return Loaded(dep(name, prefix_load_penalty_tokens=256).config, load)
+
+def loaded(name: str, load: float, room: tuple[int, int] | None = None) -> Loaded:
+    return Loaded(dep(name, prefix_load_penalty_tokens=256).config, load, room)
 
 
 def test_cached_prefix_is_traded_against_load() -> None:
@@ -148,3 +154,30 @@ def test_cached_prefix_is_traded_against_load() -> None:
     assert first(0.0, 1.5, 512) == "b"  # 1.5 - 2 < 0
     assert first(0.0, 3.0, 512) == "a"  # 3 - 2 > 0: recomputing on the idle one is sooner
     assert first(1.0, 0.0, 0) == "b"  # nothing cached: plain least-loaded
+
+
+def test_what_a_prompt_would_evict_counts_against_its_worker() -> None:
+    """Score = load - (cached - evicted) / 256, where evicted is what the uncached part of
+    the prompt needs beyond the pool's room (working set + new tokens - pool)."""
+    def first(a: tuple[float, tuple[int, int] | None], b: tuple[float, tuple[int, int] | None],
+              cached_b: int = 0, prompt: int = 512) -> str:
+        ds = [loaded("a", *a), loaded("b", *b)]
+        needs = Needs(cached_tokens={"b": cached_b}, prompt_tokens=prompt)
+        return rank(ds, Healths().__getitem__, needs, policy="cost").order[0].name
+
+    full, roomy = (4000, 4096), (1000, 4096)
+    # a new chat (nothing cached): equally loaded, it goes where it evicts nothing...
+    assert first((1.0, full), (1.0, roomy)) == "b"
+    assert first((1.0, roomy), (1.0, full)) == "a"
+    # ...unless the roomy one is busier than the 416 evicted tokens are worth (1.6 units)
+    assert first((0.0, full), (1.0, roomy)) == "b"
+    assert first((0.0, full), (2.0, roomy)) == "a"
+    # a follow-up: 1,024 tokens cached on a full b, 512 new ones that evict 416 of others'
+    assert first((1.0, roomy), (1.0, full), cached_b=1024, prompt=1536) == "b"
+    assert first((0.0, roomy), (1.0, full), cached_b=1024, prompt=1536) == "b"  # 1 < 2.375
+    assert first((0.0, roomy), (3.0, full), cached_b=1024, prompt=1536) == "a"  # 3 > 2.375
+    # a worker that reports no working set evicts nothing as far as routing knows
+    assert first((1.0, None), (1.0, full)) == "a"
+    assert first((1.0, full), (1.0, None)) == "b"
+    # no prompt length (not tokenized): plain load and cached prefix, as before
+    assert first((1.0, full), (1.0, full), cached_b=512, prompt=0) == "b"

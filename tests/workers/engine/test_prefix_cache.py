@@ -110,3 +110,32 @@ def test_scheduler_skips_cached_prefix_and_records_it():
     assert chunks == {first.seq_id: (10, 1), second.seq_id: (8, 2)}
     assert second.num_cached_tokens == 8 and first.num_cached_tokens == 0
     assert second.block_table[:2] == first.block_table[:2]
+
+
+def test_the_working_set_is_held_blocks_and_those_let_go_of_recently(monkeypatch):
+    """Blocks a sequence holds are hot; a freed cached block stays hot for the window after
+    its sequence let go of it; an evicted block (named no more) is not hot, however recent."""
+    clock = [100.0]
+    monkeypatch.setattr("workers.engine.block_manager.time.monotonic", lambda: clock[0])
+    bm = BlockManager(num_blocks=8, block_size=4, enable_caching=True)
+    a = computed(bm, make_seq(14))  # blocks 0-3, held
+    assert bm.hot_blocks(10.0) == 4
+    bm.free(a)  # 0-2 named (full), 3 a partial block: free and unnamed
+    assert bm.hot_blocks(10.0) == 3
+    clock[0] = 109.0
+    b = make_seq(6)
+    b.token_ids[:] = range(50, 56)  # other tokens: fresh blocks 4, 5
+    b = computed(bm, b)
+    assert b.block_table == [4, 5] and bm.hot_blocks(10.0) == 5
+    clock[0] = 111.0  # a's blocks were let go of 11 s ago
+    assert bm.hot_blocks(10.0) == 2 and bm.hot_blocks(20.0) == 5
+    c = make_seq(14)
+    assert bm.match_prefix(c) == 12  # a's prefix taken back: held, so hot again
+    assert bm.hot_blocks(10.0) == 5
+    bm.free(c)
+    bm.free(b)
+    assert bm.hot_blocks(10.0) == 4  # a's three full blocks and b's one full block
+    for _ in range(8):  # every block taken: the named ones evicted
+        bm._take()
+    clock[0] = 112.0
+    assert bm.hot_blocks(10.0) == 8  # all held now
