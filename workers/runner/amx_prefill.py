@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from workers.runner import cbuild, cpu_amx
+from workers.runner import cbuild, cpu_amx, vec_prefill
 
 HEAD_DIM = 64  # the kernel's one head size
 _P = ctypes.c_void_p
@@ -45,19 +45,9 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     context before it k_ctx, v_ctx [kv_heads, context, 64] or None (views are fine where
     the last dimension is dense). Query i sits at position context + i and sees every
     position up to its own. Returns [q_len, heads, 64]."""
-    q_len, heads, head_dim = q.shape
-    kv_heads = k_new.shape[1]
-    assert head_dim == HEAD_DIM and q.dtype == k_new.dtype == v_new.dtype == torch.bfloat16
-    assert k_new.stride() == v_new.stride() and k_new.stride(-1) == q.stride(-1) == 1
-    if k_ctx is None or v_ctx is None or k_ctx.shape[1] == 0:
-        k_ctx = v_ctx = k_new.new_empty(kv_heads, 0, head_dim)
-    assert k_ctx.stride() == v_ctx.stride() and k_ctx.stride(-1) == 1
-    out = torch.empty(q_len, heads, head_dim, dtype=q.dtype)
-    status = load_library().amx_prefill_attention(
-        q.data_ptr(), q.stride(0), q.stride(1), k_ctx.data_ptr(), v_ctx.data_ptr(),
-        k_ctx.stride(0), k_ctx.stride(1), k_new.data_ptr(), v_new.data_ptr(), k_new.stride(0),
-        k_new.stride(1), out.data_ptr(), out.stride(0), out.stride(1), q_len, k_ctx.shape[1],
-        heads, kv_heads, scale, torch.get_num_threads())
+    assert q.shape[-1] == HEAD_DIM and q.dtype == torch.bfloat16
+    out, args = vec_prefill.chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
+    status = load_library().amx_prefill_attention(*args, scale, torch.get_num_threads())
     if status != 0:
         raise RuntimeError(f"the AMX prefill attention kernel failed ({status})")
     return out
