@@ -71,20 +71,20 @@ def pick_prefill_attention(name: str, device: torch.device, *,
     merged by log-sum-exp, `flash_prefill`), `masked` (one SDPA call with an explicit
     causal mask over the gathered context; on CPU, SDPA's unfused math path), `amx` (every
     prefill chunk, cached context or not, through one AMX kernel call, `amx_prefill`) or `vec`
-    (the same through one AVX-512 kernel call, `vec_prefill`).
+    (the same through one AVX-512 or AVX2 kernel call, `vec_prefill`).
 
     `auto` is `amx` for bfloat16 heads of 64 on a CPU with AMX, else `vec` for float32 on
-    AVX-512 or bfloat16 on AVX-512 BF16 (heads of 64 or 128: 1.2-2.5x the flash split on a
-    Zen 4, docs/benchmarks.md), else `flash` where it runs (CPU, with the kernel in this
-    torch), else `masked`. On CUDA nothing faster has been measured yet, so it keeps
-    `masked` there.
+    AVX-512 or bfloat16 on AVX-512 BF16 (heads of 64 or 128: 1.5-2.9x the flash split on a
+    Zen 4, docs/benchmarks.md; its AVX2 build is explicit only), else `flash` where it
+    runs (CPU, with the kernel in this torch), else `masked`. On CUDA nothing faster has
+    been measured yet, so it keeps `masked` there.
     """
     if name not in PREFILL_ATTENTION:
         raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}")
     if name == "auto":
         if amx_prefill.fits(dtype, head_dim, device):
             return "amx"
-        if vec_prefill.fits(dtype, head_dim, device):
+        if vec_prefill.preferred(dtype, head_dim, device):
             return "vec"
         return "flash" if flash_prefill.fits(device) else "masked"
     if name == "amx" and not amx_prefill.fits(dtype, head_dim, device):
@@ -92,7 +92,7 @@ def pick_prefill_attention(name: str, device: torch.device, *,
                          "AMX that Linux lets this process use")
     if name == "vec" and not vec_prefill.fits(dtype, head_dim, device):
         raise ValueError("prefill_attention 'vec' needs heads of 64 or 128 and a CPU with "
-                         "AVX-512 (float32) or AVX-512 BF16 (bfloat16)")
+                         "AVX-512 or AVX2 (float32) or AVX-512 BF16 (bfloat16)")
     if name == "flash" and not flash_prefill.fits(device):
         raise ValueError("prefill_attention 'flash' needs a CPU device and torch's "
                          "_scaled_dot_product_flash_attention_for_cpu")

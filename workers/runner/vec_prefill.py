@@ -1,10 +1,10 @@
-"""Causal prefill attention with AVX-512 vectors, queries in the lanes (`csrc/vec_attention.c`):
-float32, or bfloat16 where the CPU has AVX-512 BF16; heads of 64 or 128.
+"""Causal prefill attention with vectors, queries in the lanes (`csrc/vec_attention.c`):
+float32 with AVX-512 or AVX2+FMA, bfloat16 with AVX-512 BF16; heads of 64 or 128.
 
 One call serves a whole chunk, after cached context or not, like `amx_prefill` (whose
 argument order it shares) on CPUs without AMX. It replaces `flash_prefill`'s two calls of
-PyTorch's flash CPU kernel and their merge where it runs (`prefill_attention: vec`);
-docs/benchmarks.md has the comparison.
+PyTorch's flash CPU kernel and their merge (`prefill_attention: vec`); `auto` picks it only
+where it was measured faster, on AVX-512 (`preferred`). docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def load_library(march: str = "native") -> ctypes.CDLL:
 def _supported(dtype: torch.dtype, head_dim: int) -> bool:
     if dtype not in _DTYPE_CODES or head_dim not in HEAD_DIMS:
         return False
-    if "avx512f" not in cbuild.cpu_flags():
+    flags = cbuild.cpu_flags()
+    if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
         return False
     try:
         return load_library().vec_prefill_supports(_DTYPE_CODES[dtype], head_dim) == 1
@@ -49,8 +50,15 @@ def _supported(dtype: torch.dtype, head_dim: int) -> bool:
 
 
 def fits(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
-    """A CPU device, heads of 64 or 128, float32 on AVX-512, bfloat16 on AVX-512 BF16."""
+    """A CPU device, heads of 64 or 128, float32 on AVX-512 or AVX2+FMA, bfloat16 on
+    AVX-512 BF16."""
     return device.type == "cpu" and _supported(dtype, head_dim)
+
+
+def preferred(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Where `auto` takes it: AVX-512, on which it was 1.5-2.9x the flash split. The AVX2
+    build runs (and is tested) but was not measured faster than the flash split."""
+    return fits(dtype, head_dim, device) and "avx512f" in cbuild.cpu_flags()
 
 
 def chunk_arguments(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.runner import cpu_amx, cpu_decode, flash_prefill, vec_prefill
+from workers.runner import cbuild, cpu_amx, cpu_decode, flash_prefill, vec_prefill
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -115,6 +115,7 @@ def test_prefill_attention_is_vec_where_it_runs_and_amx_does_not(monkeypatch, am
     monkeypatch.setattr(vec_prefill, "fits",
                         lambda dtype, head_dim, device: device.type == "cpu"
                         and head_dim in (64, 128) and dtype == torch.float32)
+    monkeypatch.setattr(cbuild, "cpu_flags", lambda: {"avx2", "fma", "avx512f"})
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "vec"
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=128) == "vec"
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=96) == "flash"
@@ -124,3 +125,13 @@ def test_prefill_attention_is_vec_where_it_runs_and_amx_does_not(monkeypatch, am
     assert pick_prefill_attention("vec", CPU, dtype=torch.float32, head_dim=64) == "vec"
     with pytest.raises(ValueError, match="prefill_attention 'vec' needs heads of 64 or 128"):
         pick_prefill_attention("vec", CPU, dtype=torch.bfloat16, head_dim=64)
+
+
+def test_prefill_attention_auto_keeps_the_flash_split_on_avx2(monkeypatch):
+    """The AVX2 build of the vector kernel runs, so `vec` may be asked for, but `auto`
+    stays on the flash split there (not measured faster)."""
+    monkeypatch.setattr(cpu_amx, "available", lambda: False)
+    monkeypatch.setattr(vec_prefill, "fits", lambda dtype, head_dim, device: True)
+    monkeypatch.setattr(cbuild, "cpu_flags", lambda: {"avx2", "fma"})
+    assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "flash"
+    assert pick_prefill_attention("vec", CPU, dtype=torch.float32, head_dim=64) == "vec"

@@ -58,15 +58,19 @@ def cached_prompts(seed: int, shared_len: int, count: int, most: int) -> list[li
 
 
 @pytest.mark.skipif(not vec_prefill.fits(torch.float32, 64, torch.device("cpu")),
-                    reason="this CPU has no AVX-512")
+                    reason="this CPU has neither AVX-512 nor AVX2")
 def test_vec_prefill_float32_gives_hf_greedy_tokens(tmp_path, tokenizer):
-    """`auto` picks `vec` for float32 heads of 64 on AVX-512; whole prompts and chunks after
-    cached context (a 64-token step budget over 150 shared tokens) give HF's greedy tokens."""
+    """Whole prompts and chunks after cached context (a 64-token step budget over 150 shared
+    tokens) give HF's greedy tokens; `auto` picks `vec` for float32 heads of 64 on AVX-512."""
     path = heads64(tmp_path, tokenizer)
     prompts = cached_prompts(5, 150, 4, 90)
     model = hf_model(path)
     expected = [hf_greedy(model, p, MAX_NEW, eos=False) for p in prompts]
-    llm = LLM(str(path), device="cpu", kv_cache_memory=16 << 20, max_num_batched_tokens=64)
+    auto = LLM(str(path), device="cpu", kv_cache_memory=16 << 20)
+    preferred = vec_prefill.preferred(torch.float32, 64, torch.device("cpu"))
+    assert auto.engine.runner.prefill_attention == ("vec" if preferred else "flash")
+    llm = LLM(str(path), device="cpu", kv_cache_memory=16 << 20, max_num_batched_tokens=64,
+              prefill_attention="vec")
     assert llm.engine.runner.prefill_attention == "vec"
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
     first = llm.generate(prompts[:1], params)

@@ -1,7 +1,8 @@
-"""The AVX-512 prefill attention kernel against a float64 masked softmax: float32 and bfloat16,
+"""The vector prefill attention kernel against a float64 masked softmax: float32 and bfloat16,
 heads of 64 and 128, chunks with and without cached context, lengths off every block size
-(32 queries, 64 keys, 8 keys), grouped heads, q/k/v as strided views of one fused projection;
-and the builds for CPUs without AVX-512."""
+(32 or 16 queries, 64 keys, 8 or 4 keys), grouped heads, q/k/v as strided views of one fused
+projection; its AVX-512 build (the CPU's own), its AVX2 build, and the SSE build that
+refuses."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from workers.runner import cbuild, flash_prefill, vec_prefill
 HEADS, KV_HEADS = 9, 3
 CPU = torch.device("cpu")
 needs_f32 = pytest.mark.skipif(not vec_prefill.fits(torch.float32, 64, CPU),
-                               reason="this CPU has no AVX-512")
+                               reason="this CPU has neither AVX-512 nor AVX2")
 SHAPES = [(1, 0), (5, 0), (32, 0), (33, 0), (17, 3), (40, 100), (130, 0), (100, 300), (1, 257),
           (300, 500), (64, 63)]
 
@@ -88,14 +89,29 @@ def test_rows_do_not_depend_on_the_chunk_they_came_in():
     torch.testing.assert_close(tail, whole[40:], atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])
-def test_builds_without_avx512_refuse(march):
-    lib = vec_prefill.load_library(march)
-    assert lib.vec_prefill_supports(0, 64) == 0
+def test_the_sse_build_refuses():
+    lib = vec_prefill.load_library("x86-64")
+    assert lib.vec_prefill_supports(0, 64) == lib.vec_prefill_supports(2, 64) == 0
     x = torch.zeros(16)
     p = x.data_ptr()
     assert lib.vec_prefill_attention(p, 64, 64, p, p, 64, 64, p, p, 64, 64, p, 64, 64, 1, 0, 1,
                                      1, 64, 0, 1.0, 1) == -1
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= cbuild.cpu_flags(), reason="this CPU has no AVX2")
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize(("q_len", "start"), SHAPES)
+def test_the_avx2_build_matches_the_masked_softmax(q_len, start, dim):
+    """8-lane vectors, 16 queries a task: float32 only (bfloat16 needs AVX-512 BF16)."""
+    lib = vec_prefill.load_library("x86-64-v3")
+    assert lib.vec_prefill_supports(0, dim) == 1 and lib.vec_prefill_supports(2, dim) == 0
+    q, k_new, v_new, k_ctx, v_ctx, k_all, v_all = operands(q_len, start, dim, torch.float32,
+                                                           q_len + start)
+    out, args = vec_prefill.chunk_arguments(q, k_new, v_new, k_ctx if start else None,
+                                            v_ctx if start else None)
+    assert lib.vec_prefill_attention(*args, dim, 0, dim**-0.5, 2) == 0
+    torch.testing.assert_close(out.double(), reference(q, k_all, v_all, start), atol=1e-5,
+                               rtol=1e-5)
 
 
 @needs_f32
@@ -108,7 +124,10 @@ def test_the_native_build_refuses_other_heads_and_dtypes():
 
 
 def test_fits_only_cpu_heads_of_64_or_128():
+    flags = cbuild.cpu_flags()
     assert not vec_prefill.fits(torch.float32, 64, torch.device("cuda"))
     assert not vec_prefill.fits(torch.float32, 96, CPU)
     assert not vec_prefill.fits(torch.float16, 64, CPU)
-    assert vec_prefill.fits(torch.float32, 128, CPU) == ("avx512f" in cbuild.cpu_flags())
+    assert vec_prefill.fits(torch.float32, 128, CPU) == ("avx512f" in flags
+                                                         or {"avx2", "fma"} <= flags)
+    assert vec_prefill.preferred(torch.float32, 128, CPU) == ("avx512f" in flags)

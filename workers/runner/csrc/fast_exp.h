@@ -47,6 +47,26 @@ static inline __m512 exp2_avx512(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, k);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* The same for 8 lanes: 2^k put into the exponent bits, as AVX2 has no scalef. */
+static inline __m256 exp2_avx2(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-126.0f));
+    const __m256 k = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, k);
+    __m256 p = _mm256_set1_ps(1.5252733804e-5f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393e-4f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108665e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650696e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718056e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i two_k = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_k));
+}
 #endif
 
 #endif

@@ -1,5 +1,5 @@
-/* Causal prefill attention with AVX-512, queries in the vector lanes; float32, or bfloat16
-   on a CPU with AVX-512 BF16. Heads of 64 or 128.
+/* Causal prefill attention with vectors, queries in the lanes: float32 with AVX-512 or
+   AVX2+FMA, bfloat16 with AVX-512 BF16. Heads of 64 or 128.
 
    out[i, h] = softmax(scale * q[i, h] . k[g]^T over keys j <= ctx_len + i) . v[g],
    g = h / group.
@@ -16,7 +16,10 @@
    packed once per call into pairs of keys. A K/V head's tasks run in a row, the longest
    first, so its K/V stay in cache.
 
-   Other builds export the same functions and answer -1 (`vec_prefill_supports` says 0). */
+   The vector width is a small layer below (`vf`, VL lanes): AVX-512 takes 32 queries a task
+   in 16-lane vectors, AVX2 16 queries in 8-lane ones, with fewer keys and dimensions per
+   register block (16 registers, not 32). Other builds export the same functions and answer
+   -1 (`vec_prefill_supports` says 0). */
 
 #include <math.h>
 #include <stdint.h>
@@ -26,20 +29,64 @@
 #include "bf16.h"
 #include "fast_exp.h"
 
-#define QB 32   /* queries per task: two vectors */
-#ifndef SPAN
 #define SPAN 64 /* keys per softmax step */
-#endif
-#ifndef KB
-#define KB 8 /* keys per register block of the scores */
-#endif
-#define DB 8    /* output dimensions per register block of p . v */
 #define MAX_HEAD 128
 
 enum { DT_F32 = 0, DT_BF16 = 2 };
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define VECTORS 1
+
+#if defined(__AVX512F__)
+typedef __m512 vf;
+#define VL 16
+#define KB 8 /* keys per register block of the scores */
+#define DB 8 /* output dimensions per register block of p . v */
+#define v_load _mm512_load_ps
+#define v_store _mm512_store_ps
+#define v_set1 _mm512_set1_ps
+#define v_zero _mm512_setzero_ps
+#define v_add _mm512_add_ps
+#define v_sub _mm512_sub_ps
+#define v_mul _mm512_mul_ps
+#define v_div _mm512_div_ps
+#define v_fma _mm512_fmadd_ps
+#define v_exp2 exp2_avx512
+/* max(acc, x) in the lanes whose bit is set; acc elsewhere */
+static inline vf v_max_where(vf acc, uint32_t bits, vf x) {
+    return _mm512_mask_max_ps(acc, (__mmask16)bits, acc, x);
+}
+/* x in the lanes whose bit is set, 0 elsewhere */
+static inline vf v_keep(uint32_t bits, vf x) { return _mm512_maskz_mov_ps((__mmask16)bits, x); }
+#else
+typedef __m256 vf;
+#define VL 8
+#define KB 4
+#define DB 4
+#define v_load _mm256_load_ps
+#define v_store _mm256_store_ps
+#define v_set1 _mm256_set1_ps
+#define v_zero _mm256_setzero_ps
+#define v_add _mm256_add_ps
+#define v_sub _mm256_sub_ps
+#define v_mul _mm256_mul_ps
+#define v_div _mm256_div_ps
+#define v_fma _mm256_fmadd_ps
+#define v_exp2 exp2_avx2
+static inline vf lanes_of(uint32_t bits) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i hit = _mm256_and_si256(_mm256_set1_epi32((int)bits), bit);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(hit, bit));
+}
+static inline vf v_max_where(vf acc, uint32_t bits, vf x) {
+    return _mm256_blendv_ps(acc, _mm256_max_ps(acc, x), lanes_of(bits));
+}
+static inline vf v_keep(uint32_t bits, vf x) { return _mm256_and_ps(x, lanes_of(bits)); }
+#endif
+
+#define QB (2 * VL) /* queries per task: two vectors */
+#define LANES ((uint32_t)((1ull << VL) - 1))
 
 /* Where one head's keys (or values) live: the first `ctx_len` rows in the cached context, the
    rest in the chunk's own; strides in elements. */
@@ -57,11 +104,14 @@ static inline const char *row_at(const rows_of *r, int64_t key) {
                             : r->fresh + (key - r->ctx_len) * r->fresh_stride * r->elem;
 }
 
-/* The lanes (of 32) that see key `key`: query lane i sits at position first + i. */
+/* The lanes (of QB) that see key `key`: query lane i sits at position first + i. */
 static inline uint32_t visible(int64_t key, int64_t first) {
     const int64_t lo = key - first;
     return lo <= 0 ? 0xffffffffu : lo >= QB ? 0u : 0xffffffffu << lo;
 }
+
+/* The bits of vector w (of the task's two) */
+static inline uint32_t bits_of(uint32_t vis, int w) { return (vis >> (VL * w)) & LANES; }
 
 typedef struct {
     float s[SPAN * QB] __attribute__((aligned(64)));       /* scores, then p (float32) */
@@ -74,12 +124,12 @@ typedef struct {
 static inline __attribute__((always_inline)) void scores(scratch *sc, const rows_of *k,
                                                          int64_t k0, int n, float c,
                                                          const int head, const int bf) {
-    const __m512 vc = _mm512_set1_ps(c);
+    const vf vc = v_set1(c);
     for (int j0 = 0; j0 < n; j0 += KB) {
         const char *kr[KB];
         for (int b = 0; b < KB; b++) kr[b] = row_at(k, k0 + j0 + b);
-        __m512 a[KB][2];
-        for (int b = 0; b < KB; b++) a[b][0] = a[b][1] = _mm512_setzero_ps();
+        vf a[KB][2];
+        for (int b = 0; b < KB; b++) a[b][0] = a[b][1] = v_zero();
         if (bf) {
 #if defined(__AVX512BF16__)
             for (int d = 0; d < head / 2; d++) {
@@ -97,18 +147,17 @@ static inline __attribute__((always_inline)) void scores(scratch *sc, const rows
         } else {
             const float *qt = (const float *)sc->qt;
             for (int d = 0; d < head; d++) {
-                const __m512 q0 = _mm512_load_ps(qt + d * QB);
-                const __m512 q1 = _mm512_load_ps(qt + d * QB + 16);
+                const vf q0 = v_load(qt + d * QB), q1 = v_load(qt + d * QB + VL);
                 for (int b = 0; b < KB; b++) {
-                    const __m512 kk = _mm512_set1_ps(((const float *)kr[b])[d]);
-                    a[b][0] = _mm512_fmadd_ps(q0, kk, a[b][0]);
-                    a[b][1] = _mm512_fmadd_ps(q1, kk, a[b][1]);
+                    const vf kk = v_set1(((const float *)kr[b])[d]);
+                    a[b][0] = v_fma(q0, kk, a[b][0]);
+                    a[b][1] = v_fma(q1, kk, a[b][1]);
                 }
             }
         }
         for (int b = 0; b < KB && j0 + b < SPAN; b++) {
-            _mm512_store_ps(sc->s + (j0 + b) * QB, _mm512_mul_ps(a[b][0], vc));
-            _mm512_store_ps(sc->s + (j0 + b) * QB + 16, _mm512_mul_ps(a[b][1], vc));
+            v_store(sc->s + (j0 + b) * QB, v_mul(a[b][0], vc));
+            v_store(sc->s + (j0 + b) * QB + VL, v_mul(a[b][1], vc));
         }
     }
 }
@@ -116,33 +165,29 @@ static inline __attribute__((always_inline)) void scores(scratch *sc, const rows
 /* The span's scores into p = 2^(s - new max) (0 where a lane does not see the key), the
    running max m and sum l updated; returns the factors the output is rescaled by. */
 static inline __attribute__((always_inline)) void softmax_span(scratch *sc, int64_t k0, int n,
-                                                               int64_t first, __m512 m[2],
-                                                               __m512 l[2], __m512 alpha[2],
-                                                               const int bf) {
+                                                               int64_t first, vf m[2], vf l[2],
+                                                               vf alpha[2], const int bf) {
     const int whole = k0 + n - 1 <= first; /* every lane sees every key of the span */
-    __m512 mx[2] = {m[0], m[1]};
+    vf mx[2] = {m[0], m[1]};
     for (int j = 0; j < n; j++) {
         const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first);
-        for (int v = 0; v < 2; v++)
-            mx[v] = _mm512_mask_max_ps(mx[v], (__mmask16)(vis >> (16 * v)), mx[v],
-                                       _mm512_load_ps(sc->s + j * QB + 16 * v));
+        for (int w = 0; w < 2; w++)
+            mx[w] = v_max_where(mx[w], bits_of(vis, w), v_load(sc->s + j * QB + VL * w));
     }
-    __m512 sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int v = 0; v < 2; v++) alpha[v] = exp2_avx512(_mm512_sub_ps(m[v], mx[v]));
+    vf sum[2] = {v_zero(), v_zero()};
+    for (int w = 0; w < 2; w++) alpha[w] = v_exp2(v_sub(m[w], mx[w]));
     for (int j = 0; j < n; j++) {
         const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first);
-        for (int v = 0; v < 2; v++) {
-            float *s = sc->s + j * QB + 16 * v;
-            const __m512 p = _mm512_maskz_mov_ps(
-                (__mmask16)(vis >> (16 * v)), exp2_avx512(_mm512_sub_ps(_mm512_load_ps(s),
-                                                                         mx[v])));
-            sum[v] = _mm512_add_ps(sum[v], p);
-            _mm512_store_ps(s, p);
+        for (int w = 0; w < 2; w++) {
+            float *s = sc->s + j * QB + VL * w;
+            const vf p = v_keep(bits_of(vis, w), v_exp2(v_sub(v_load(s), mx[w])));
+            sum[w] = v_add(sum[w], p);
+            v_store(s, p);
         }
     }
-    for (int v = 0; v < 2; v++) {
-        l[v] = _mm512_fmadd_ps(l[v], alpha[v], sum[v]);
-        m[v] = mx[v];
+    for (int w = 0; w < 2; w++) {
+        l[w] = v_fma(l[w], alpha[w], sum[w]);
+        m[w] = mx[w];
     }
 #if defined(__AVX512BF16__)
     if (bf) { /* pairs of keys, interleaved per lane: (p[2j], p[2j + 1]) */
@@ -167,17 +212,16 @@ static inline __attribute__((always_inline)) void softmax_span(scratch *sc, int6
 /* o = o * alpha + p . v over the span's keys (o transposed: o[dim][lane]). */
 static inline __attribute__((always_inline)) void accumulate(scratch *sc, const rows_of *v,
                                                              const uint32_t *vpairs, int64_t k0,
-                                                             int n, const __m512 alpha[2],
+                                                             int n, const vf alpha[2],
                                                              const int head, const int bf) {
     const char *vr[SPAN];
     if (!bf)
         for (int j = 0; j < n; j++) vr[j] = row_at(v, k0 + j);
     for (int d0 = 0; d0 < head; d0 += DB) {
-        __m512 a[DB][2];
+        vf a[DB][2];
         for (int e = 0; e < DB; e++)
             for (int w = 0; w < 2; w++)
-                a[e][w] = _mm512_mul_ps(_mm512_load_ps(sc->o + (d0 + e) * QB + 16 * w),
-                                        alpha[w]);
+                a[e][w] = v_mul(v_load(sc->o + (d0 + e) * QB + VL * w), alpha[w]);
         if (bf) {
 #if defined(__AVX512BF16__)
             const uint32_t *vp = vpairs + k0 / 2 * head + d0;
@@ -190,22 +234,22 @@ static inline __attribute__((always_inline)) void accumulate(scratch *sc, const 
                     a[e][1] = _mm512_dpbf16_ps(a[e][1], p1, vv);
                 }
             }
+#else
+            (void)vpairs;
 #endif
         } else {
             for (int j = 0; j < n; j++) {
-                const __m512 p0 = _mm512_load_ps(sc->s + j * QB);
-                const __m512 p1 = _mm512_load_ps(sc->s + j * QB + 16);
+                const vf p0 = v_load(sc->s + j * QB), p1 = v_load(sc->s + j * QB + VL);
                 const float *row = (const float *)vr[j] + d0;
                 for (int e = 0; e < DB; e++) {
-                    const __m512 vv = _mm512_set1_ps(row[e]);
-                    a[e][0] = _mm512_fmadd_ps(p0, vv, a[e][0]);
-                    a[e][1] = _mm512_fmadd_ps(p1, vv, a[e][1]);
+                    const vf vv = v_set1(row[e]);
+                    a[e][0] = v_fma(p0, vv, a[e][0]);
+                    a[e][1] = v_fma(p1, vv, a[e][1]);
                 }
             }
         }
         for (int e = 0; e < DB; e++)
-            for (int w = 0; w < 2; w++)
-                _mm512_store_ps(sc->o + (d0 + e) * QB + 16 * w, a[e][w]);
+            for (int w = 0; w < 2; w++) v_store(sc->o + (d0 + e) * QB + VL * w, a[e][w]);
     }
 }
 
@@ -229,19 +273,19 @@ static inline __attribute__((always_inline)) void task(
                 qt[d * QB + i] = i < rows ? ((const float *)(q + i * q_tok * 4))[d] : 0.0f;
     }
     memset(sc->o, 0, sizeof(float) * head * QB);
-    __m512 m[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
-    __m512 l[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    vf m[2] = {v_set1(-INFINITY), v_set1(-INFINITY)};
+    vf l[2] = {v_zero(), v_zero()};
     const int64_t last_key = first + rows - 1 < k->len - 1 ? first + rows - 1 : k->len - 1;
     for (int64_t k0 = 0; k0 <= last_key; k0 += SPAN) {
         const int n = (int)(last_key - k0 + 1 < SPAN ? last_key - k0 + 1 : SPAN);
-        __m512 alpha[2];
+        vf alpha[2];
         scores(sc, k, k0, n, c, head, bf);
         softmax_span(sc, k0, n, first, m, l, alpha, bf);
         accumulate(sc, v, vpairs, k0, n, alpha, head, bf);
     }
     float inv[QB] __attribute__((aligned(64)));
-    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l[0]));
-    _mm512_store_ps(inv + 16, _mm512_div_ps(_mm512_set1_ps(1.0f), l[1]));
+    v_store(inv, v_div(v_set1(1.0f), l[0]));
+    v_store(inv + VL, v_div(v_set1(1.0f), l[1]));
     for (int i = 0; i < rows; i++) {
         if (bf) {
             bf16 *o = (bf16 *)(out + i * o_tok * 2);
@@ -337,7 +381,7 @@ int vec_prefill_attention(const void *q, int64_t q_tok, int64_t q_head, const vo
     return 0;
 }
 
-#else
+#else /* no vectors */
 
 int vec_prefill_supports(int dtype, int64_t head) {
     (void)dtype, (void)head;
