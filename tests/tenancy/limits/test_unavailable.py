@@ -23,7 +23,9 @@ from tenancy.limits.outage import OutageGuard
 from tests.tenancy.limits.conftest import FakeClock
 
 TIMEOUT_S = 0.2
-SLACK_S = 0.3
+# What "within the timeout" allows for cancelling the stuck call on a loaded 2-core CI machine
+# (0.86 s was seen there once with 0.3); a hang would take the socket's own timeout, minutes.
+SLACK_S = 1.0
 BUDGET = Budget("tenant:t", cap_micros=1000, period="2026-11", period_ttl_s=60)
 REQUEST = AdmissionRequest(
     "r1", (("key:a", Limits(rpm=1)),), tokens=10, cost_micros=10, budget=BUDGET

@@ -6,12 +6,13 @@
 
    Query i of the chunk sits at position ctx_len + i; keys 0..ctx_len-1 come from the cached
    context (gathered out of the pool), the rest are the chunk's own, so no caller copies them
-   together. A task is one query head and 32 queries, transposed once so a vector holds one
-   dimension of 16 queries. Then every step is vertical: a key's score for 16 queries is a
-   chain of FMAs with that key's dimensions broadcast, and the online softmax's running max
-   and sum are per lane, so no row ever needs a horizontal reduction (the softmax was 65% of
-   the row-major AMX kernel's time). p . v keeps the same layout: the output, transposed,
-   takes each key's p times its values broadcast. bfloat16 uses the BF16 dot product on pairs:
+   together. A task is one query head and two vectors of queries, transposed once so a vector
+   holds one dimension of as many queries as it has lanes. Then every step is vertical: a
+   key's scores for a vector of queries are a chain of FMAs with its dimensions broadcast,
+   and the online softmax's running max and sum are per lane, so no row ever needs a
+   horizontal reduction (the softmax was 65% of the row-major AMX kernel's time). p . v keeps
+   the same layout: the output, transposed, takes each key's p times its values broadcast.
+   bfloat16 uses the BF16 dot product on pairs:
    q's pairs of dimensions against a key's (adjacent in its row), p's pairs of keys against V
    packed once per call into pairs of keys. A K/V head's tasks run in a row, the longest
    first, so its K/V stay in cache.
@@ -36,7 +37,6 @@ enum { DT_F32 = 0, DT_BF16 = 2 };
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
-#define VECTORS 1
 
 #if defined(__AVX512F__)
 typedef __m512 vf;
