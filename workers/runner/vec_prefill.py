@@ -4,7 +4,7 @@ float32 with AVX-512 or AVX2+FMA, bfloat16 with AVX-512 BF16; heads of 64 or 128
 One call serves a whole chunk, after cached context or not, like `amx_prefill` (whose
 argument order it shares) on CPUs without AMX. It replaces `flash_prefill`'s two calls of
 PyTorch's flash CPU kernel and their merge (`prefill_attention: vec`); `auto` picks it only
-where it was measured faster, on AVX-512 (`preferred`). docs/benchmarks.md has the figures.
+where it was timed faster, on AVX-512 (`preferred`). docs/benchmarks.md has the figures.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def fits(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
 
 def preferred(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
     """Where `auto` takes it: AVX-512, on which it was 1.5-2.9x the flash split. The AVX2
-    build runs (and is tested) but was not measured faster than the flash split."""
+    build runs (and is tested) but has not been timed on an AVX2-only CPU."""
     return fits(dtype, head_dim, device) and "avx512f" in cbuild.cpu_flags()
 
 
