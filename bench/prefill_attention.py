@@ -8,7 +8,8 @@ SmolLM2's shapes (9 query heads, 3 KV heads, head_dim 64), float32 or `--dtype b
 - `flash+mask`: one call of the fused flash kernel with a `[chunk, context]` mask.
 - `flash split`: the engine's `flash` kernel (`flash_prefill.cached_chunk_attention`): the
   cached context and the chunk's causal part, two flash calls merged by log-sum-exp.
-- `vec`, `amx`: the C kernels (`vec_prefill`, `amx_prefill`), where this CPU runs them.
+- `vec`, `amx`: the C kernels (`vec_prefill`, `amx_prefill`), where this CPU runs them;
+  `vec avx2`: the vector kernel's AVX2 build, float32, on a CPU with AVX-512 too.
 
 The ways run interleaved, best of `--repeats`; GFLOP/s counts the causal attention's
 multiply-adds (4 x heads x dim x chunk x (cached + (chunk + 1) / 2)). Usage:
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
 import torch  # noqa: E402
 
 from bench.machine import cpu_model  # noqa: E402
-from workers.runner import amx_prefill, vec_prefill  # noqa: E402
+from workers.runner import amx_prefill, cbuild, vec_prefill  # noqa: E402
 from workers.runner.attention import _prefill_cached, causal_mask  # noqa: E402
 from workers.runner.flash_prefill import cached_chunk_attention  # noqa: E402
 
@@ -66,6 +67,10 @@ def ways(chunk: int, cached: int, dtype: torch.dtype) -> dict[str, Callable[[], 
         if kernel.fits(dtype, DIM, cpu):
             found[name] = (lambda kernel=kernel: kernel.prefill_attention(
                 q, k_new, v_new, k_all[:, :cached], v_all[:, :cached], scale))
+    flags = cbuild.cpu_flags()
+    if dtype == torch.float32 and "avx512f" in flags and {"avx2", "fma"} <= flags:
+        found["vec avx2"] = lambda: vec_prefill.prefill_attention(
+            q, k_new, v_new, k_all[:, :cached], v_all[:, :cached], scale, march="x86-64-v3")
     return found
 
 

@@ -82,16 +82,17 @@ def chunk_arguments(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
 def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       k_ctx: torch.Tensor | None, v_ctx: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
+                      scale: float, *, march: str = "native") -> torch.Tensor:
     """q [q_len, heads, dim]; the chunk's k_new, v_new [q_len, kv_heads, dim]; the cached
     context before it k_ctx, v_ctx [kv_heads, context, dim] or None (views are fine where
     the last dimension is dense). Query i sits at position context + i and sees every
-    position up to its own. Returns [q_len, heads, dim]."""
-    head_dim = q.shape[-1]
-    assert _supported(q.dtype, head_dim), f"no vector prefill kernel for {q.dtype}, {head_dim}"
+    position up to its own. Returns [q_len, heads, dim]. `march`: the build (tests and
+    bench/prefill_attention.py run the AVX2 one on AVX-512 CPUs too)."""
+    if q.dtype not in _DTYPE_CODES:
+        raise ValueError(f"no vector prefill kernel for {q.dtype}")
     out, args = chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
-    status = load_library().vec_prefill_attention(
-        *args, head_dim, _DTYPE_CODES[q.dtype], scale, torch.get_num_threads())
-    if status != 0:
+    status = load_library(march).vec_prefill_attention(
+        *args, q.shape[-1], _DTYPE_CODES[q.dtype], scale, torch.get_num_threads())
+    if status != 0:  # -1: this build does not take the dtype or head size
         raise RuntimeError(f"the vector prefill attention kernel failed ({status})")
     return out

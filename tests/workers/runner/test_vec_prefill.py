@@ -89,6 +89,14 @@ def test_rows_do_not_depend_on_the_chunk_they_came_in():
     torch.testing.assert_close(tail, whole[40:], atol=1e-6, rtol=1e-6)
 
 
+def test_a_build_that_cannot_serve_the_call_fails_loudly():
+    q, k_new, v_new, _, _, _, _ = operands(8, 0, 64, torch.float32, 2)
+    with pytest.raises(RuntimeError, match=r"kernel failed \(-1\)"):
+        vec_prefill.prefill_attention(q, k_new, v_new, None, None, 0.125, march="x86-64")
+    with pytest.raises(ValueError, match=r"no vector prefill kernel for torch\.float16"):
+        vec_prefill.prefill_attention(q.half(), k_new.half(), v_new.half(), None, None, 0.125)
+
+
 def test_the_sse_build_refuses():
     lib = vec_prefill.load_library("x86-64")
     assert lib.vec_prefill_supports(0, 64) == lib.vec_prefill_supports(2, 64) == 0
@@ -107,9 +115,8 @@ def test_the_avx2_build_matches_the_masked_softmax(q_len, start, dim):
     assert lib.vec_prefill_supports(0, dim) == 1 and lib.vec_prefill_supports(2, dim) == 0
     q, k_new, v_new, k_ctx, v_ctx, k_all, v_all = operands(q_len, start, dim, torch.float32,
                                                            q_len + start)
-    out, args = vec_prefill.chunk_arguments(q, k_new, v_new, k_ctx if start else None,
-                                            v_ctx if start else None)
-    assert lib.vec_prefill_attention(*args, dim, 0, dim**-0.5, 2) == 0
+    out = vec_prefill.prefill_attention(q, k_new, v_new, k_ctx if start else None,
+                                        v_ctx if start else None, dim**-0.5, march="x86-64-v3")
     torch.testing.assert_close(out.double(), reference(q, k_all, v_all, start), atol=1e-5,
                                rtol=1e-5)
 
