@@ -131,7 +131,7 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
                                              "bfloat16 where the CPU has AMX, else the AVX-512 "
                                              "one where it runs, else flash on CPU)")
     worker.add_argument("--linear-backend", default="auto",
-                        choices=("auto", "torch", "onednn", "onednn_packed", "amx"),
+                        choices=("auto", "torch", "onednn", "onednn_packed", "amx", "avx512_bf16"),
                         help="projection GEMMs (auto: oneDNN on CPU, with AMX tiles for "
                              "few-row bfloat16 matmuls where the CPU has them)")
     worker.add_argument("--elementwise", choices=("auto", "torch", "cpu"), default="auto",

@@ -45,7 +45,8 @@ class EngineArgs:
     attention_backend: str = "auto"  # auto | torch | triton | cpu (in-place decode kernels)
     prefill_attention: str = "auto"  # auto | amx | vec | flash | masked (prompt chunks)
     # auto | torch | onednn | onednn_packed (weights blocked once at load) | amx (bfloat16:
-    # also an AMX tile-layout copy for matmuls of few rows); projections' GEMM
+    # also an AMX tile-layout copy for matmuls of few rows) | avx512_bf16 (the same copy read
+    # by AVX-512 BF16 dot products); projections' GEMM
     linear_backend: str = "auto"
     # auto | torch | cpu (C kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE)
     elementwise: str = "auto"

@@ -27,7 +27,9 @@ LinearKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch
 
 logger = logging.getLogger(__name__)
 
-LINEAR_BACKENDS = ("auto", "torch", "onednn", "onednn_packed", "amx")
+LINEAR_BACKENDS = ("auto", "torch", "onednn", "onednn_packed", "amx", "avx512_bf16")
+# the backends that keep a tile-layout copy of each weight, and the `cpu_amx` kernel reading it
+TILE_KERNELS = {"amx": "amx", "avx512_bf16": "dot"}
 # The row count weights are blocked for under `onednn_packed`: a decode batch of the standard
 # workload. The blocked weight serves any row count (bench/cpu_gemm.py --packed 64).
 PACK_ROWS_HINT = 64
@@ -66,8 +68,9 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     AVX-512 EPYC, no loss measured on an AVX2 one; bfloat16 on an AMX Xeon 1.3-2.1x faster
     matmuls at 1-64 rows, 9% more standard-workload tok/s). bfloat16 on a CPU with AMX is
     `amx`: the same blocked weights for many rows, and a second copy in AMX's tile layout
-    for up to `cpu_amx.MAX_ROWS` rows (`cpu_amx`). Int8 weights (`quantized`) stay dense:
-    they are cast per call.
+    for up to `cpu_amx.MAX_ROWS` rows (`cpu_amx`). Without AMX, bfloat16 on a CPU with AVX-512
+    BF16 is `avx512_bf16`: the same copy read by BF16 dot products. Int8 weights
+    (`quantized`) stay dense: they are cast per call.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.
     """
@@ -81,10 +84,17 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
             return "torch"
         if quantized:
             return "onednn"
-        return "amx" if dtype == torch.bfloat16 and cpu_amx.available() else "onednn_packed"
+        if dtype == torch.bfloat16:
+            for backend, kernel in TILE_KERNELS.items():
+                if cpu_amx.kernel_available(kernel):
+                    return backend
+        return "onednn_packed"
     if name == "amx" and not (dtype == torch.bfloat16 and cpu_amx.available()):
         raise ValueError("linear_backend 'amx' needs bfloat16 and a CPU with AMX "
                          "(amx_tile, amx_bf16) that Linux lets this process use")
+    if name == "avx512_bf16" and not (dtype == torch.bfloat16 and cpu_amx.dot_available()):
+        raise ValueError("linear_backend 'avx512_bf16' needs bfloat16 and a CPU with "
+                         "AVX-512 BF16 (avx512_bf16)")
     if not fits:
         raise ValueError(f"linear_backend {name!r} needs a CPU device, float32 or bfloat16, "
                          "and a PyTorch built with oneDNN")
@@ -102,7 +112,7 @@ def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
 
 def linear_kernel(backend: str) -> LinearKernel:
     """oneDNN's op serves both the dense weight and one `pack_weight` reordered."""
-    return onednn_linear if backend in ("onednn", "onednn_packed", "amx") else F.linear
+    return onednn_linear if backend in ("onednn", "onednn_packed", *TILE_KERNELS) else F.linear
 
 
 def pack_weight(weight: torch.Tensor, rows_hint: int = PACK_ROWS_HINT) -> torch.Tensor:
@@ -116,10 +126,12 @@ class Linear(nn.Linear):
     """`nn.Linear` whose matmul is the runner's chosen kernel (set after loading)."""
 
     kernel: LinearKernel = staticmethod(F.linear)
-    amx_weight: torch.Tensor | None = None  # the `amx` backend's tile-layout copy
+    amx_weight: torch.Tensor | None = None  # the tile-layout copy (`TILE_KERNELS` backends)
+    tile_kernel: str = "amx"  # the `cpu_amx` kernel that reads it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.amx_weight is not None and cpu_amx.fits(x):
-            out = cpu_amx.amx_linear(x, self.amx_weight, self.out_features)
+        if self.amx_weight is not None and cpu_amx.fits(x, self.tile_kernel):
+            out = cpu_amx.amx_linear(x, self.amx_weight, self.out_features,
+                                     kernel=self.tile_kernel)
             return out if self.bias is None else out + self.bias
         return self.kernel(x, self.weight, self.bias)

@@ -166,7 +166,8 @@ class LlamaModel(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.linear_kernel: LinearKernel = F.linear
         self.head_weight: torch.Tensor | None = None  # a tied head's blocked copy, if packed
-        self.head_amx: torch.Tensor | None = None  # and its AMX tile-layout copy (`amx`)
+        self.head_amx: torch.Tensor | None = None  # and its tile-layout copy (`amx`, `dot`)
+        self.head_tile_kernel = "amx"
         self.elementwise = "torch"
 
     def use_linear_kernel(self, kernel: LinearKernel) -> None:
@@ -184,23 +185,26 @@ class LlamaModel(nn.Module):
             if isinstance(module, RMSNorm | Attention | MLP):
                 module.fused = name == "cpu"
 
-    def pack_linears(self, *, amx: bool = False) -> None:
+    def pack_linears(self, *, tiles: str | None = None) -> None:
         """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
         A tied LM head reads the embedding, which lookups need dense, so the head gets a
         blocked copy of its own (one more vocabulary x hidden table, as vLLM's CPU build
         keeps): the head matmul at 1-64 rows took 0.51-0.56x of the dense one's time in
         bfloat16 and 0.63-0.97x in float32 on an AMX Xeon (docs/benchmarks.md).
 
-        `amx`: each weight (the tied head's too) also gets a copy in AMX's tile layout for
-        matmuls of few rows (`cpu_amx`), twice the weights' memory."""
+        `tiles` (a `cpu_amx` kernel, `amx` or `dot`): each weight (the tied head's too) also
+        gets a copy in AMX's tile layout for matmuls of few rows, read by that kernel; twice
+        the weights' memory."""
         for module in self.modules():
             if isinstance(module, Linear):
-                if amx and cpu_amx.packable(module.weight):
+                if tiles is not None and cpu_amx.packable(module.weight):
                     module.amx_weight = cpu_amx.pack(module.weight)
+                    module.tile_kernel = tiles
                 module.weight = nn.Parameter(pack_weight(module.weight), requires_grad=False)
         if not hasattr(self, "lm_head"):
-            if amx and cpu_amx.packable(self.embed_tokens.weight):
+            if tiles is not None and cpu_amx.packable(self.embed_tokens.weight):
                 self.head_amx = cpu_amx.pack(self.embed_tokens.weight)
+                self.head_tile_kernel = tiles
             self.head_weight = pack_weight(self.embed_tokens.weight)
 
     def forward(
@@ -230,8 +234,8 @@ class LlamaModel(nn.Module):
         (`quantization.quantize_weights`: the int8 table shared with the embedding)."""
         if hasattr(self, "lm_head"):
             return self.lm_head(hidden).float()
-        if self.head_amx is not None and cpu_amx.fits(hidden):
+        if self.head_amx is not None and cpu_amx.fits(hidden, self.head_tile_kernel):
             return cpu_amx.amx_linear(hidden, self.head_amx, self.embed_tokens.num_embeddings,
-                                      out_dtype=torch.float32)
+                                      out_dtype=torch.float32, kernel=self.head_tile_kernel)
         weight = self.embed_tokens.weight if self.head_weight is None else self.head_weight
         return self.linear_kernel(hidden, weight, None).float()

@@ -29,7 +29,7 @@ from workers.runner.attention_backend import pick_attention_backend, pick_prefil
 from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
-from workers.runner.linear import Linear, linear_kernel, pick_linear_backend
+from workers.runner.linear import TILE_KERNELS, Linear, linear_kernel, pick_linear_backend
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
@@ -326,13 +326,13 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     model.eval()
     linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,
                                          quantized=config.quantization != "none")
-    if linear_backend == "amx" and config.linear_backend == "auto":
+    if linear_backend in TILE_KERNELS and config.linear_backend == "auto":
         copy = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
                    if isinstance(m, Linear))
         if model.tie_word_embeddings:  # the head's copy reads the embedding
             copy += model.embed_tokens.weight.nbytes
         if not cpu_amx.copy_fits(copy):
-            logger.info("not keeping an AMX copy of %d MB of weights (over a quarter of the "
+            logger.info("not keeping a tile copy of %d MB of weights (over a quarter of the "
                         "memory available); linear backend onednn_packed", copy >> 20)
             linear_backend = "onednn_packed"
     model.use_linear_kernel(linear_kernel(linear_backend))
@@ -340,8 +340,8 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     if check_quantization(config.quantization) != "none":  # before packing (it refuses int8)
         compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
         quantize(model, config.quantization, linear_backend, compute)
-    if linear_backend in ("onednn_packed", "amx"):
-        model.pack_linears(amx=linear_backend == "amx")
+    if linear_backend in ("onednn_packed", *TILE_KERNELS):
+        model.pack_linears(tiles=TILE_KERNELS.get(linear_backend))
     model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))
     return model, linear_backend
 

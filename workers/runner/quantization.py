@@ -223,7 +223,7 @@ def quantize(model: nn.Module, quantization: str, linear_backend: str,
     it as it is."""
     if check_quantization(quantization) == "none":
         return
-    if linear_backend in ("onednn_packed", "amx"):
+    if linear_backend in ("onednn_packed", "amx", "avx512_bf16"):
         raise ValueError(f"linear_backend {linear_backend!r} blocks float weights; with "
                          "quantization 'int8' use auto, onednn or torch")
     quantize_weights(model, linear_kernel(linear_backend), compute)

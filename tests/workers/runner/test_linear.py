@@ -69,7 +69,7 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
 
 
 def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only(monkeypatch):
-    monkeypatch.setattr(cpu_amx, "available", lambda: False)  # AMX: its own tests below
+    monkeypatch.setattr(cpu_amx, "kernel_available", lambda kernel: False)  # tiles: below
     expected = "onednn_packed" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
     dense = "onednn" if onednn_available() else "torch"
@@ -116,13 +116,18 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize("amx", [False, True])
-def test_a_cpu_with_bfloat16_picks_onednn_and_amx_where_it_runs(monkeypatch, amx):
+@pytest.mark.parametrize(("amx", "dot", "blocked"), [
+    (False, False, "onednn_packed"), (True, False, "amx"), (True, True, "amx"),
+    (False, True, "avx512_bf16"),
+])
+def test_a_cpu_with_bfloat16_picks_onednn_amx_or_dot_products_where_they_run(
+        monkeypatch, amx, dot, blocked):
+    """AMX first, then AVX-512 BF16 dot products over the same tile copy, then oneDNN alone."""
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
     monkeypatch.setattr(cpu_amx, "available", lambda: amx)
+    monkeypatch.setattr(cpu_amx, "dot_available", lambda: dot)
     linear.onednn_runs.cache_clear()
     try:
-        blocked = "amx" if amx else "onednn_packed"
         assert pick_linear_backend("auto", CPU, torch.bfloat16) == blocked
         assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "onednn"
         assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
@@ -133,6 +138,11 @@ def test_a_cpu_with_bfloat16_picks_onednn_and_amx_where_it_runs(monkeypatch, amx
                 pick_linear_backend("amx", CPU, torch.bfloat16)
         with pytest.raises(ValueError, match="needs bfloat16"):
             pick_linear_backend("amx", CPU, torch.float32)
+        if dot:
+            assert pick_linear_backend("avx512_bf16", CPU, torch.bfloat16) == "avx512_bf16"
+        else:
+            with pytest.raises(ValueError, match="a CPU with AVX-512 BF16"):
+                pick_linear_backend("avx512_bf16", CPU, torch.bfloat16)
     finally:
         linear.onednn_runs.cache_clear()
 

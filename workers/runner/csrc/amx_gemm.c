@@ -16,22 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-
-#include "amx_tiles.h"
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-/* Ask Linux for the AMX tile state (once per process): 0, or -1 where it is refused. */
-int amx_init(void) {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
-}
-
-/* w [n, k] row-major -> packed [n / 16][k / 32][16 k-pairs][16 columns][2]. */
+/* w [n, k] row-major -> packed (AMX's B tiles; the AVX-512 BF16 kernel below reads the same
+ * layout, where a column block's k-pairs are one contiguous run of 64-byte vectors) [n / 16][k / 32][16 k-pairs][16 columns][2]. */
 int amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
     if (n % 32 != 0 || k % 32 != 0) return -1;
     const int64_t kb_count = k / 32;
@@ -48,6 +34,21 @@ int amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
         }
     }
     return 0;
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+#include "amx_tiles.h"
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Ask Linux for the AMX tile state (once per process): 0, or -1 where it is refused. */
+int amx_init(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : -1;
 }
 
 /* Rows of x per pass over the weight: a block of x stays in L2 while the weight streams. */
@@ -140,12 +141,113 @@ int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int6
 
 int amx_init(void) { return -1; }
 
-int amx_pack(const uint16_t *w, uint16_t *packed, int64_t n, int64_t k) {
-    (void)w, (void)packed, (void)n, (void)k;
+int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
+             int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
+    (void)x, (void)packed, (void)y, (void)m, (void)n, (void)k, (void)ldx, (void)ldy;
+    (void)out_f32, (void)threads;
     return -1;
 }
 
-int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
+#endif
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+
+/* The same product with AVX-512 BF16 dot products, for CPUs without AMX (Zen 4, Cooper
+ * Lake). One k-pair of 16 columns of the packed weight is one vector; a block of R rows x C
+ * column blocks keeps R x C float32 sums in registers, and each step loads C weight vectors
+ * and broadcasts R pairs of x, so every weight vector serves R rows. Threads own panels of
+ * columns; a panel (C x 16 columns x k) stays in L2 while the row blocks pass over it. */
+#define DOT_C 4  /* column blocks of the wide shape (6 rows x 64 columns) */
+#define DOT_R 12 /* rows of the narrow shape (12 rows x 32 columns) */
+
+static inline __attribute__((always_inline)) void dot_block(
+    const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t pairs, void *y, int64_t ldy,
+    int out_f32, const char *ahead, int64_t ahead_lines, const int R, const int C) {
+    __m512 acc[DOT_R][DOT_C];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    const int64_t cstride = pairs * 32; /* one column block's run, in bfloat16 elements */
+    for (int64_t kp = 0; kp < pairs; kp++) {
+        if (kp < ahead_lines) __builtin_prefetch(ahead + kp * 64, 0, 2);
+        __m512bh wv[DOT_C];
+        for (int c = 0; c < C; c++) wv[c] = (__m512bh)_mm512_loadu_si512(w + c * cstride + kp * 32);
+        for (int r = 0; r < R; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * ldx + 2 * kp, sizeof pair);
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            if (out_f32)
+                _mm512_storeu_ps((float *)y + r * ldy + 16 * c, acc[r][c]);
+            else
+                _mm256_storeu_si256((__m256i *)((uint16_t *)y + r * ldy + 16 * c),
+                                    (__m256i)_mm512_cvtneps_pbh(acc[r][c]));
+        }
+}
+
+#define DOT_ROWS(R, C)                                                                          \
+    case R:                                                                                     \
+        dot_block(x, ldx, w, pairs, y, ldy, out_f32, ahead, ahead_lines, R, C);                 \
+        break;
+
+/* `rows` rows (at most 6 for 4 column blocks, 12 for 2) of one panel; meanwhile the first
+ * `ahead_lines` 64-byte lines at `ahead` (a share of the next panel) are fetched into L2. */
+static void dot_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t pairs, void *y,
+                     int64_t ldy, int out_f32, const char *ahead, int64_t ahead_lines, int rows,
+                     int blocks) {
+    if (blocks == 4) {
+        switch (rows) { DOT_ROWS(1, 4) DOT_ROWS(2, 4) DOT_ROWS(3, 4) DOT_ROWS(4, 4)
+                        DOT_ROWS(5, 4) DOT_ROWS(6, 4) }
+    } else {
+        switch (rows) { DOT_ROWS(1, 2) DOT_ROWS(2, 2) DOT_ROWS(3, 2) DOT_ROWS(4, 2)
+                        DOT_ROWS(5, 2) DOT_ROWS(6, 2) DOT_ROWS(7, 2) DOT_ROWS(8, 2)
+                        DOT_ROWS(9, 2) DOT_ROWS(10, 2) DOT_ROWS(11, 2) DOT_ROWS(12, 2) }
+    }
+}
+
+/* y [m, n] = x [m, k] . w^T as amx_gemm, w packed by amx_pack; 0, or -1 for shapes the
+ * packing does not cover. Panels of 64 columns (6 rows at a time) where they split evenly
+ * over the threads or are many, else of 32 (12 rows at a time), so that no thread idles
+ * through a ninth panel of SmolLM2's 576 columns. Where a panel takes several row blocks, they
+ * share out fetching the thread's next panel into L2, so no block waits on memory. */
+int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
+             int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
+    if (n % 32 != 0 || k % 32 != 0 || m < 1 || threads < 1) return -1;
+    const int64_t pairs = k / 2, wide_panels = (n / 16 + 3) / 4;
+    const int blocks = wide_panels % threads == 0 || wide_panels >= 8 * threads ? 4 : 2;
+    const int row_step = blocks == 4 ? 6 : 12;
+    const int64_t panels = (n / 16 + blocks - 1) / blocks;
+    const int es = out_f32 ? 4 : 2;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        const int64_t nb = p * blocks;
+        const int here = n / 16 - nb < blocks ? (int)(n / 16 - nb) : blocks; /* 4 or 2 */
+        const uint16_t *w = packed + nb * pairs * 32;
+        /* the next panel this thread takes under the static schedule */
+        const int64_t next = p + 1 < panels ? (p + threads < panels ? p + threads : p + 1) : p;
+        const char *ahead = (const char *)(packed + next * blocks * pairs * 32);
+        const int64_t next_here = n / 16 - next * blocks < blocks ? n / 16 - next * blocks : blocks;
+        const int64_t row_blocks = (m + row_step - 1) / row_step;
+        const int64_t lines = next == p || row_blocks < 2 ? 0 : next_here * pairs;
+        const int64_t share = (lines + row_blocks - 1) / row_blocks;
+        for (int64_t m0 = 0, i = 0; m0 < m; m0 += row_step, i++) {
+            const int rows = m - m0 < row_step ? (int)(m - m0) : row_step;
+            const int64_t from = i * share < lines ? i * share : lines;
+            const int64_t count = lines - from < share ? lines - from : share;
+            dot_rows(x + m0 * ldx, ldx, w, pairs, (char *)y + (m0 * ldy + nb * 16) * es, ldy,
+                     out_f32, ahead + from * 64, count < pairs ? count : pairs, rows, here);
+        }
+    }
+    return 0;
+}
+
+#else
+
+int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
              int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
     (void)x, (void)packed, (void)y, (void)m, (void)n, (void)k, (void)ldx, (void)ldy;
     (void)out_f32, (void)threads;
