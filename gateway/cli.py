@@ -143,6 +143,8 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--int8-compute", choices=("auto", "model", "bfloat16"),
                         default="auto", help="the dtype int8 weights multiply in (auto: "
                         "bfloat16 on a CPU with bfloat16 dot products, for a float32 model)")
+    worker.add_argument("--kv-huge-pages", action=argparse.BooleanOptionalAction, default=True,
+                        help="map the CPU KV pool in 2 MB pages where Linux offers them")
     worker.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
                         help="KV cache: auto (the model dtype) or int8 with a scale per token "
                              "and head")
@@ -193,7 +195,7 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
         prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
         elementwise=args.elementwise,
         quantization=args.quantization, int8_compute=args.int8_compute,
-        kv_cache_dtype=args.kv_cache_dtype,
+        kv_cache_dtype=args.kv_cache_dtype, kv_huge_pages=args.kv_huge_pages,
         speculative=args.speculative,
     )
     scheme = "https" if args.ssl_certfile else "http"

@@ -50,6 +50,7 @@ class EngineArgs:
     linear_backend: str = "auto"
     # auto | torch | cpu (C kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE)
     elementwise: str = "auto"
+    kv_huge_pages: bool = True  # the CPU KV pool in 2 MB pages where Linux offers them
     # none | int8: projections, embedding and LM head as int8 with per-channel scales
     # (workers/runner/quantization.py)
     quantization: str = "none"

@@ -179,6 +179,7 @@ class LLMEngine:
                 quantization=args.quantization,
                 int8_compute=args.int8_compute,
                 kv_cache_dtype=args.kv_cache_dtype,
+                kv_huge_pages=args.kv_huge_pages,
                 draft_model=resolve_model(draft) if draft else None,
             ),
             hf_config,

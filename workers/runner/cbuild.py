@@ -49,6 +49,18 @@ def cpu_signature() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor_id ("AuthenticAMD", "GenuineIntel"; empty where none is listed): some
+    kernels pay on one maker's cores and not the other's at the same flags."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as a set (empty where /proc/cpuinfo lists none)."""
     line = cpu_signature()

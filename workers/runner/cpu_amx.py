@@ -79,6 +79,14 @@ def dot_available() -> bool:
     return bool(torch.all(out == 32).item())
 
 
+def dot_preferred() -> bool:
+    """Where `auto` takes the dot kernel (when AMX is not there): AMD's AVX-512 BF16 cores
+    (Zen 4), on which it beat oneDNN 1.1-1.5x at 32-128 rows. On an Intel Xeon (Emerald
+    Rapids, 2 threads) it ran at 0.19-0.5x of oneDNN's AMX matmul from 16 rows up; Intel
+    CPUs with AVX-512 BF16 and no AMX are not measured, so they keep oneDNN."""
+    return cbuild.cpu_vendor() == "AuthenticAMD" and dot_available()
+
+
 def kernel_available(kernel: str) -> bool:
     return available() if kernel == "amx" else dot_available()
 

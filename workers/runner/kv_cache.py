@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from workers.runner import huge_pages as host_pages
 from workers.runner.kv_quant import row_width
 
 logger = logging.getLogger(__name__)
@@ -55,18 +56,19 @@ def budget_bytes(device: torch.device, memory: int | None, fraction: float | Non
 
 
 def allocate(
-    spec: KVCacheSpec, num_blocks: int, device: torch.device
+    spec: KVCacheSpec, num_blocks: int, device: torch.device, *, huge_pages: bool = True,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One K and one V tensor per layer, `[num_blocks, kv_heads, block_size, row]`: row is
-    head_dim, or head_dim + 4 int8 elements under `kv_cache_dtype` int8 (`kv_quant`)."""
+    head_dim, or head_dim + 4 int8 elements under `kv_cache_dtype` int8 (`kv_quant`). On CPU
+    `huge_pages` maps them in 2 MB pages where Linux offers them (`huge_pages`)."""
     shape = (num_blocks, spec.num_kv_heads, spec.block_size, spec.row_width)
-    caches = [
-        (
-            torch.zeros(shape, dtype=spec.storage_dtype, device=device),
-            torch.zeros(shape, dtype=spec.storage_dtype, device=device),
-        )
-        for _ in range(spec.num_layers)
-    ]
+
+    def zeros() -> torch.Tensor:
+        if huge_pages and device.type == "cpu":
+            return host_pages.zeros(shape, spec.storage_dtype)
+        return torch.zeros(shape, dtype=spec.storage_dtype, device=device)
+
+    caches = [(zeros(), zeros()) for _ in range(spec.num_layers)]
     logger.info(
         "KV cache: %d blocks of %d tokens = %d tokens (%.1f MiB)",
         num_blocks, spec.block_size, num_blocks * spec.block_size,

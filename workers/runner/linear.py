@@ -68,8 +68,9 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     AVX-512 EPYC, no loss measured on an AVX2 one; bfloat16 on an AMX Xeon 1.3-2.1x faster
     matmuls at 1-64 rows, 9% more standard-workload tok/s). bfloat16 on a CPU with AMX is
     `amx`: the same blocked weights for many rows, and a second copy in AMX's tile layout
-    for up to `cpu_amx.MAX_ROWS` rows (`cpu_amx`). Without AMX, bfloat16 on a CPU with AVX-512
-    BF16 is `avx512_bf16`: the same copy read by BF16 dot products. Int8 weights
+    for up to `cpu_amx.MAX_ROWS` rows (`cpu_amx`). Without AMX, bfloat16 on an AMD CPU with
+    AVX-512 BF16 is `avx512_bf16`: the same copy read by BF16 dot products
+    (`cpu_amx.dot_preferred`; selectable on any CPU with the instructions). Int8 weights
     (`quantized`) stay dense: they are cast per call.
 
     Asking for `onednn` where it cannot run is an error, not a silent fallback.
@@ -84,10 +85,10 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
             return "torch"
         if quantized:
             return "onednn"
-        if dtype == torch.bfloat16:
-            for backend, kernel in TILE_KERNELS.items():
-                if cpu_amx.kernel_available(kernel):
-                    return backend
+        if dtype == torch.bfloat16 and cpu_amx.available():
+            return "amx"
+        if dtype == torch.bfloat16 and cpu_amx.dot_preferred():
+            return "avx512_bf16"
         return "onednn_packed"
     if name == "amx" and not (dtype == torch.bfloat16 and cpu_amx.available()):
         raise ValueError("linear_backend 'amx' needs bfloat16 and a CPU with AMX "

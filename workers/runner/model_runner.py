@@ -74,6 +74,7 @@ class RunnerConfig:
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)
     int8_compute: str = "auto"  # auto | model | bfloat16: the dtype int8 weights multiply in
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
+    kv_huge_pages: bool = True  # the CPU pool in 2 MB pages (workers/runner/huge_pages.py)
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -156,7 +157,8 @@ class ModelRunner:
         num_blocks = budget // per_block
         if num_blocks < 1:
             raise ValueError(f"KV cache budget of {budget} bytes holds no block")
-        caches = kv_cache.allocate(spec, num_blocks, config.device)
+        caches = kv_cache.allocate(spec, num_blocks, config.device,
+                                   huge_pages=config.kv_huge_pages)
         proposer = draft.proposer(num_blocks, config, prefill=prefill) if draft else None
         max_model_len = min(
             config.max_model_len or hf_config.max_position_embeddings,
@@ -385,7 +387,8 @@ class _DraftParts:
         except ValueError:  # the target's prefill kernel does not take the draft's heads
             prefill = pick_prefill_attention("auto", config.device, dtype=config.dtype,
                                              head_dim=self.spec.head_dim)
-        caches = kv_cache.allocate(self.spec, num_blocks, config.device)
+        caches = kv_cache.allocate(self.spec, num_blocks, config.device,
+                                   huge_pages=config.kv_huge_pages)
         return DraftProposer(self.model, caches, config.block_size, backend, prefill,
                              dtype=config.dtype)
 

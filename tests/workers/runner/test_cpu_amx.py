@@ -131,6 +131,7 @@ def test_auto_skips_the_tile_copy_where_memory_is_short(tiny_llama_path, monkeyp
     """`tiles` is the kernel's backend; under auto the CPU's best (AMX over dot products)."""
     if kernel == "dot" and asked == "auto":
         monkeypatch.setattr(cpu_amx, "available", lambda: False)
+        monkeypatch.setattr(cpu_amx, "dot_preferred", lambda: True)
     asked, expected = (BACKEND[kernel] if name == "tiles" else name for name in (asked, expected))
     monkeypatch.setattr(cpu_amx, "copy_fits", lambda nbytes, available=None: fits)
     llm = LLM(str(tiny_llama_path), device="cpu", dtype="bfloat16", kv_cache_memory=1 << 22,

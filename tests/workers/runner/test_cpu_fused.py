@@ -180,7 +180,7 @@ def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_p
         if dtype == "bfloat16":
             assert runner.model.elementwise == runner.attention_backend == "cpu"
             assert runner.linear_backend == ("amx" if cpu_amx.available() else "avx512_bf16"
-                                             if cpu_amx.dot_available() else "onednn_packed")
+                                             if cpu_amx.dot_preferred() else "onednn_packed")
         outs[dtype] = [o.outputs[0] for o in llm.generate(prompts, params)]
     compared = 0
     for got, want in zip(outs["bfloat16"], outs["float32"], strict=True):

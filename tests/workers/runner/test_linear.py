@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from workers.runner import cpu_amx, linear
+from workers.runner import cbuild, cpu_amx, linear
 from workers.runner.linear import (
     Linear,
     onednn_available,
@@ -69,7 +69,8 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
 
 
 def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only(monkeypatch):
-    monkeypatch.setattr(cpu_amx, "kernel_available", lambda kernel: False)  # tiles: below
+    monkeypatch.setattr(cpu_amx, "available", lambda: False)  # the tile kernels: below
+    monkeypatch.setattr(cpu_amx, "dot_preferred", lambda: False)
     expected = "onednn_packed" if onednn_available() else "torch"
     assert pick_linear_backend("auto", CPU, torch.float32) == expected
     dense = "onednn" if onednn_available() else "torch"
@@ -116,16 +117,18 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
 
 
 @needs_onednn
-@pytest.mark.parametrize(("amx", "dot", "blocked"), [
-    (False, False, "onednn_packed"), (True, False, "amx"), (True, True, "amx"),
-    (False, True, "avx512_bf16"),
+@pytest.mark.parametrize(("amx", "dot", "vendor", "blocked"), [
+    (False, False, "AuthenticAMD", "onednn_packed"), (True, True, "GenuineIntel", "amx"),
+    (False, True, "AuthenticAMD", "avx512_bf16"), (False, True, "GenuineIntel", "onednn_packed"),
 ])
-def test_a_cpu_with_bfloat16_picks_onednn_amx_or_dot_products_where_they_run(
-        monkeypatch, amx, dot, blocked):
-    """AMX first, then AVX-512 BF16 dot products over the same tile copy, then oneDNN alone."""
+def test_a_cpu_with_bfloat16_picks_onednn_amx_or_dot_products_where_they_pay(
+        monkeypatch, amx, dot, vendor, blocked):
+    """AMX first; then AVX-512 BF16 dot products over the same tile copy on AMD cores, where
+    they were measured faster than oneDNN; else oneDNN alone."""
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
     monkeypatch.setattr(cpu_amx, "available", lambda: amx)
     monkeypatch.setattr(cpu_amx, "dot_available", lambda: dot)
+    monkeypatch.setattr(cbuild, "cpu_vendor", lambda: vendor)
     linear.onednn_runs.cache_clear()
     try:
         assert pick_linear_backend("auto", CPU, torch.bfloat16) == blocked
