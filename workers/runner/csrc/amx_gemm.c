@@ -212,14 +212,16 @@ static void dot_rows(const uint16_t *x, int64_t ldx, const uint16_t *w, int64_t 
 /* y [m, n] = x [m, k] . w^T as amx_gemm, w packed by amx_pack; 0, or -1 for shapes the
  * packing does not cover. Panels of 64 columns (6 rows at a time) where they split evenly
  * over the threads or are many, else of 32 (12 rows at a time), so that no thread idles
- * through a ninth panel of SmolLM2's 576 columns. Where a panel takes several row blocks, they
+ * through a ninth panel of SmolLM2's 576 columns; rows are split into blocks of equal size
+ * (64 rows: 11 blocks of 5-6, or 6 of 10-11), not full blocks and a short one. Where a panel
+ * takes several row blocks, they
  * share out fetching the thread's next panel into L2, so no block waits on memory. */
 int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
              int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
     if (n % 32 != 0 || k % 32 != 0 || m < 1 || threads < 1) return -1;
     const int64_t pairs = k / 2, wide_panels = (n / 16 + 3) / 4;
     const int blocks = wide_panels % threads == 0 || wide_panels >= 8 * threads ? 4 : 2;
-    const int row_step = blocks == 4 ? 6 : 12;
+    const int64_t row_blocks = (m + (blocks == 4 ? 6 : 12) - 1) / (blocks == 4 ? 6 : 12);
     const int64_t panels = (n / 16 + blocks - 1) / blocks;
     const int es = out_f32 ? 4 : 2;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -231,11 +233,11 @@ int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int6
         const int64_t next = p + 1 < panels ? (p + threads < panels ? p + threads : p + 1) : p;
         const char *ahead = (const char *)(packed + next * blocks * pairs * 32);
         const int64_t next_here = n / 16 - next * blocks < blocks ? n / 16 - next * blocks : blocks;
-        const int64_t row_blocks = (m + row_step - 1) / row_step;
         const int64_t lines = next == p || row_blocks < 2 ? 0 : next_here * pairs;
         const int64_t share = (lines + row_blocks - 1) / row_blocks;
-        for (int64_t m0 = 0, i = 0; m0 < m; m0 += row_step, i++) {
-            const int rows = m - m0 < row_step ? (int)(m - m0) : row_step;
+        for (int64_t i = 0; i < row_blocks; i++) {
+            const int64_t m0 = m * i / row_blocks;
+            const int rows = (int)(m * (i + 1) / row_blocks - m0);
             const int64_t from = i * share < lines ? i * share : lines;
             const int64_t count = lines - from < share ? lines - from : share;
             dot_rows(x + m0 * ldx, ldx, w, pairs, (char *)y + (m0 * ldy + nb * 16) * es, ldy,
