@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from workers.runner.cbuild import cpu_flags, cpuinfo_line
 
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo ("unknown" elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
+    line = cpuinfo_line("model name")
+    return line.split(":", 1)[1].strip() if line else "unknown"
 
 
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
@@ -22,14 +17,8 @@ SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "
 
 def simd_flags() -> list[str]:
     """Which of the vector extensions that decide CPU kernel paths this CPU reports."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                present = set(line.split(":", 1)[1].split())
-                return [f for f in SIMD_FLAGS if f in present]
-    except OSError:
-        pass
-    return []
+    present = cpu_flags()
+    return [f for f in SIMD_FLAGS if f in present]
 
 
 def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:

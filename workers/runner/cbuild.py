@@ -38,27 +38,27 @@ def cache_dir() -> Path:
     return Path(base) / "switchboard" / "kernels"
 
 
-def cpu_signature() -> str:
-    """The CPU's feature flags: -march=native code is only valid on a CPU that has them."""
+def cpuinfo_line(key: str) -> str | None:
+    """The first line of /proc/cpuinfo that starts with `key` (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(key):
                 return line
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return None
+
+
+def cpu_signature() -> str:
+    """The CPU's feature flags: -march=native code is only valid on a CPU that has them."""
+    return cpuinfo_line("flags") or platform.processor() or platform.machine()
 
 
 def cpu_vendor() -> str:
     """The CPU's vendor_id ("AuthenticAMD", "GenuineIntel"; empty where none is listed): some
     kernels pay on one maker's cores and not the other's at the same flags."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("vendor_id"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+    line = cpuinfo_line("vendor_id")
+    return line.split(":", 1)[1].strip() if line else ""
 
 
 def cpu_flags() -> set[str]:
