@@ -42,13 +42,16 @@ def cached_chunk_attention(
 ) -> torch.Tensor:
     """q, k_new, v_new: the chunk's `[q_len, heads or kv_heads, dim]`; k_ctx, v_ctx: the
     cached context before it, `[kv_heads, context, dim]` (a view is fine). Returns
-    `[q_len, heads, dim]`."""
+    `[q_len, heads, dim]`. An empty context gives the chunk's causal attention alone (torch's
+    kernel divides by the key count: an empty one stops the process with SIGFPE)."""
     assert _FLASH is not None, "the fused CPU attention kernel is missing from this torch"
     q4 = q.transpose(0, 1).unsqueeze(0)
-    o_ctx, lse_ctx = _FLASH(q4, k_ctx.unsqueeze(0), v_ctx.unsqueeze(0), 0.0, False,
-                            scale=scale)
     o_new, lse_new = _FLASH(q4, k_new.transpose(0, 1).unsqueeze(0),
                             v_new.transpose(0, 1).unsqueeze(0), 0.0, True, scale=scale)
+    if k_ctx.shape[1] == 0:
+        return o_new[0].transpose(0, 1)
+    o_ctx, lse_ctx = _FLASH(q4, k_ctx.unsqueeze(0), v_ctx.unsqueeze(0), 0.0, False,
+                            scale=scale)
     # The share of each row's softmax mass that lies in the cached context.
     weight = torch.sigmoid(lse_ctx - lse_new).unsqueeze(-1)
     if o_new.dtype == weight.dtype:

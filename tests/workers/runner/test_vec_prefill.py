@@ -65,6 +65,17 @@ def test_matches_the_masked_softmax(q_len, start, dim, dtype):
     torch.testing.assert_close(got.double(), want, atol=tol[0], rtol=tol[1])
 
 
+@pytest.mark.parametrize("start", [0, 45])
+def test_the_flash_split_takes_an_empty_context(start):
+    """No cached tokens is the chunk's own causal attention (torch's kernel alone would stop
+    the process on the empty context: bench/prefill_attention.py --contexts 0 did)."""
+    q, k_new, v_new, k_ctx, v_ctx, k_all, v_all = operands(20, start, 64, torch.float32, 3)
+    got = flash_prefill.cached_chunk_attention(q, k_ctx, v_ctx, k_new, v_new, 64**-0.5)
+    assert got.shape == q.shape
+    torch.testing.assert_close(got.double(), reference(q, k_all, v_all, start), atol=1e-5,
+                               rtol=1e-5)
+
+
 @needs_f32
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_agrees_with_the_flash_split_it_replaces(dtype):

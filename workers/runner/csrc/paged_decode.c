@@ -327,8 +327,10 @@ static inline __attribute__((always_inline)) void decode_task(
     float m[MAX_ROWS], l[MAX_ROWS];
     float s[MAX_BLOCK];
     const int rows = heads * group;
+#if defined(__AVX512F__)
     /* the grouped primitives read float32 and bfloat16 rows in place */
     const int grouped = wide && kind != POOL_I8 && group <= 4 && (dim == 64 || dim == 128);
+#endif
     const int row_bytes = kind == POOL_I8 ? dim + 4 : kind == POOL_BF16 ? dim * 2 : dim * 4;
     const int64_t head_stride = (int64_t)block_size * row_bytes;
     for (int r = 0; r < rows; r++) {
