@@ -133,7 +133,8 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--linear-backend", default="auto",
                         choices=("auto", "torch", "onednn", "onednn_packed", "amx", "avx512_bf16"),
                         help="projection GEMMs (auto: oneDNN on CPU, with AMX tiles for "
-                             "few-row bfloat16 matmuls where the CPU has them)")
+                             "few-row bfloat16 matmuls where the CPU has them, or AVX-512 BF16 "
+                             "dot products on AMD CPUs with them)")
     worker.add_argument("--elementwise", choices=("auto", "torch", "cpu"), default="auto",
                         help="residual add + RMSNorm, SiLU-and-multiply and RoPE (auto: the "
                              "C kernels for float32 on CPU)")
