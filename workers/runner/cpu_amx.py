@@ -11,7 +11,8 @@ picks by rows.
 CPUs with AVX-512 BF16 but no AMX (AMD Zen 4, Intel Cooper Lake, or a VM that refuses the tile
 state) get the same layout read by the `dot` kernel: BF16 dot products of 16 columns x one
 k-pair, 6-12 rows per weight vector. On a 2-core Zen 4 it ran the step's 120 projections at
-1.1x oneDNN's speed at 64 rows, 1.2x at 32 and 1.4-1.6x at 1-16 (`bench/amx_gemm.py`).
+1.27x oneDNN's speed at 64 rows, 1.29x at 32, 1.36-1.39x at 1-16 and 1.02x at 128
+(`bench/amx_gemm.py --kernel dot`).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def dot_available() -> bool:
 
 def dot_preferred() -> bool:
     """Where `auto` takes the dot kernel (when AMX is not there): AMD's AVX-512 BF16 cores
-    (Zen 4), on which it beat oneDNN 1.1-1.5x at 32-128 rows. On an Intel Xeon (Emerald
+    (Zen 4), on which it beat oneDNN 1.27-1.39x at 1-64 rows. On an Intel Xeon (Emerald
     Rapids, 2 threads) it ran at 0.19-0.5x of oneDNN's AMX matmul from 16 rows up; Intel
     CPUs with AVX-512 BF16 and no AMX are not measured, so they keep oneDNN."""
     return cbuild.cpu_vendor() == "AuthenticAMD" and dot_available()

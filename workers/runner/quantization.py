@@ -37,7 +37,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.runner import cbuild, cpu_int8
-from workers.runner.linear import Linear, LinearKernel, linear_kernel, onednn_runs
+from workers.runner.linear import (
+    TILE_KERNELS,
+    Linear,
+    LinearKernel,
+    linear_kernel,
+    onednn_runs,
+)
 
 QUANTIZATIONS = ("none", "int8")
 # What int8 weights are widened to for a matmul: auto (bfloat16 where the CPU multiplies it
@@ -223,7 +229,7 @@ def quantize(model: nn.Module, quantization: str, linear_backend: str,
     it as it is."""
     if check_quantization(quantization) == "none":
         return
-    if linear_backend in ("onednn_packed", "amx", "avx512_bf16"):
+    if linear_backend in ("onednn_packed", *TILE_KERNELS):
         raise ValueError(f"linear_backend {linear_backend!r} blocks float weights; with "
                          "quantization 'int8' use auto, onednn or torch")
     quantize_weights(model, linear_kernel(linear_backend), compute)
