@@ -14,12 +14,20 @@ from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
 
+STOP_RETRY_S = 1.0  # how long stop() waits on a cancelled loop before cancelling it again
+STOP_TRIES = 10  # then shutdown goes on without it
+
 
 class Periodic:
     """Awaits `step()` every `interval_s` after `start()` until `stop()`.
 
     Errors of the types in `survive` are logged (by type only: messages may name hosts or
-    credentials) and the loop goes on; anything else ends the task, so a bug is not hidden."""
+    credentials) and the loop goes on; anything else ends the task, so a bug is not hidden.
+
+    `stop()` also works when a step swallows the cancellation (a client library's timeout
+    that fires in the same instant may turn it into its own TimeoutError, which the step
+    survives): the loop checks a stop flag after every step, and `stop()` cancels again
+    until the task ends (`STOP_TRIES` times at most), so shutdown never waits forever."""
 
     def __init__(self, step: Callable[[], Awaitable[object]], *, interval_s: float, name: str,
                  survive: tuple[type[BaseException], ...] = ()) -> None:
@@ -28,6 +36,7 @@ class Periodic:
         self._step = step
         self._survive = survive
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def running(self) -> bool:
@@ -35,6 +44,7 @@ class Periodic:
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.create_task(self._run(), name=self.name)
 
     async def stop(self) -> None:
@@ -46,12 +56,21 @@ class Periodic:
                 logger.error("%s had stopped on an error", self.name,
                              exc_info=task.exception())
             return
-        task.cancel()
+        self._stopping = True
+        for _ in range(STOP_TRIES):
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=STOP_RETRY_S)
+            if done:
+                break
+            logger.warning("%s did not stop on cancel; cancelling again", self.name)
+        else:
+            logger.error("%s ignored %d cancels; left behind", self.name, STOP_TRIES)
+            return
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.interval_s)
             try:
                 await self._step()
