@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import random
@@ -58,8 +59,9 @@ def system_prompt(rng: random.Random) -> str:
 
 
 def stream_ttft(port: int, key: str, messages: list[dict[str, str]], max_tokens: int
-                ) -> tuple[float, str]:
-    """One streamed chat through the gateway: (seconds to the first content, the text)."""
+                ) -> tuple[float, str, str]:
+    """One streamed chat through the gateway: (seconds to the first content, the text, the
+    deployment that served it)."""
     body = json.dumps({"model": "smollm2", "messages": messages, "max_tokens": max_tokens,
                        "temperature": 0, "ignore_eos": True, "stream": True})
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -70,6 +72,7 @@ def stream_ttft(port: int, key: str, messages: list[dict[str, str]], max_tokens:
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"status {resp.status}: {resp.read()[:300]!r}")
+    served_by = resp.getheader("x-switchboard-deployment", "")
     first, text = None, []
     for raw in resp:
         line = raw.decode().strip()
@@ -83,21 +86,23 @@ def stream_ttft(port: int, key: str, messages: list[dict[str, str]], max_tokens:
             text.append(piece)
     conn.close()
     assert first is not None, "no content came back"
-    return first, "".join(text)
+    return first, "".join(text), served_by
 
 
-def computed_tokens(workers: list[ServerProcess]) -> int:
-    total = 0
+def computed_tokens(workers: list[ServerProcess]) -> list[int]:
+    """Per worker, the prompt tokens it computed so far (looked up minus found cached)."""
+    each = []
     for w in workers:
         _, _, body = http_request("GET", f"{w.url}/stats",
                                   headers={"Authorization": f"Bearer {SECRET}"})
         stats = json.loads(body)["stats"]
-        total += stats["prefix_cache_queried_tokens"] - stats["prefix_cache_hit_tokens"]
-    return total
+        each.append(stats["prefix_cache_queried_tokens"] - stats["prefix_cache_hit_tokens"])
+    return each
 
 
 def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int,
-                 think_s: float = 0.0) -> list[float]:
+                 think_s: float = 0.0) -> list[tuple[float, str]]:
+    """The chat's turns as (TTFT, the deployment that served it)."""
     rng = random.Random(seed)
     think = random.Random(seed + 1_000_003)  # its own stream: the texts stay the same
     messages = [{"role": "system", "content": system_prompt(rng)}]
@@ -106,8 +111,8 @@ def conversation(port: int, key: str, seed: int, turns: int, max_tokens: int,
         question = f"Question {turn}: what about the " + " ".join(rng.choice(WORDS)
                                                                  for _ in range(20)) + "?"
         messages.append({"role": "user", "content": question})
-        ttft, answer = stream_ttft(port, key, messages, max_tokens)
-        ttfts.append(ttft)
+        ttft, answer, served_by = stream_ttft(port, key, messages, max_tokens)
+        ttfts.append((ttft, served_by))
         messages.append({"role": "assistant", "content": answer})
         if think_s > 0 and turn + 1 < turns:
             time.sleep(think.expovariate(1 / think_s))
@@ -143,13 +148,13 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
             before = computed_tokens(workers)
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as ex:
-                ttfts = [t for ts in ex.map(
+                chats = list(ex.map(
                     lambda seed: conversation(gateway.port, key, seed, args.turns,
                                               args.max_tokens, args.think_s),
-                    range(args.conversations)) for t in ts]
+                    range(args.conversations)))
             wall = time.perf_counter() - t0
             time.sleep(0.2)
-            computed = computed_tokens(workers) - before
+            computed = [a - b for a, b in zip(computed_tokens(workers), before, strict=True)]
         except RuntimeError:
             for p in procs:
                 print(f"--- {p.name} log ---\n{p.log_tail()}", file=sys.stderr)
@@ -157,9 +162,15 @@ def run(config: str, args: argparse.Namespace, tokenizer: str) -> dict[str, Any]
         finally:
             for p in procs:
                 p.stop()
+    ttfts = [t for chat in chats for t, _ in chat]
+    # follow-ups served by another worker than the chat's turn before
+    moves = sum(a != b for chat in chats for (_, a), (_, b) in itertools.pairwise(chat))
+    first_turns = [chat[0][1] for chat in chats if chat]
+    chats_by_worker = {w: first_turns.count(w) for w in sorted(set(first_turns))}
     return {"config": config, "turns": len(ttfts), "ttft_p50_s": statistics.median(ttfts),
-            "ttft_p99_s": percentile(ttfts, 0.99), "prompt_tokens_computed": computed,
-            "wall_s": wall}
+            "ttft_p99_s": percentile(ttfts, 0.99), "prompt_tokens_computed": sum(computed),
+            "computed_per_worker": computed, "follow_ups_moved": moves,
+            "first_turns_per_worker": chats_by_worker, "wall_s": wall}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,13 +189,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hot-window-s", type=float, default=10.0,
                         help="the workers' --prefix-hot-window-s: a few times --think-s, so a "
                              "chat between turns counts toward its worker's KV working set")
+    parser.add_argument("--routings", default="least-loaded,prefix-aware",
+                        help="which routings to run, in order (the ratio is to the first)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" /
                         "prefix_routing.json")
     args = parser.parse_args(argv)
     from workers.model_files import resolve_model
 
     tokenizer = str(resolve_model(None))
-    rows = [run(config, args, tokenizer) for config in ("least-loaded", "prefix-aware")]
+    rows = [run(config, args, tokenizer) for config in args.routings.split(",")]
     result = {"machine": cpu_model(), "simd": simd_flags(), "cpus": os.cpu_count(),
               "command": " ".join(sys.argv), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -193,13 +206,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{cpu_model()}; {args.conversations} chats x {args.turns} turns, "
           f"{args.concurrency} at a time, think {args.think_s} s, 2 SmolLM2 workers with "
           f"{args.kv_cache_mib} MiB of KV each")
-    print("| routing | TTFT p50 | TTFT p99 | prompt tokens computed | vs least-loaded | wall |")
-    print("|---|---|---|---|---|---|")
+    print("| routing | TTFT p50 | TTFT p99 | prompt tokens computed (per worker) | "
+          "vs least-loaded | follow-ups moved | wall |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['ttft_p50_s'] * 1000:.0f} ms "
               f"| {r['ttft_p99_s'] * 1000:.0f} ms | {r['prompt_tokens_computed']} "
+              f"({' + '.join(map(str, r['computed_per_worker']))}) "
               f"| {base['prompt_tokens_computed'] / max(r['prompt_tokens_computed'], 1):.2f}x "
-              f"fewer | {r['wall_s']:.1f} s |")
+              f"fewer | {r['follow_ups_moved']} | {r['wall_s']:.1f} s |")
 
 
 if __name__ == "__main__":

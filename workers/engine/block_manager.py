@@ -49,11 +49,19 @@ class BlockManager:
     def hot_blocks(self, window_s: float, now: float | None = None) -> int:
         """The pool's working set: blocks held by sequences, and cached blocks a sequence let
         go of within the last `window_s` (a chat's next turn is likely to want them back).
-        Routing compares it with the pool to place new prompts where they evict nothing."""
+        Routing compares it with the pool to place new prompts where they evict nothing.
+        Free blocks join the free list's back as they are let go of, so the list is in
+        `last_used` order: the walk from the back stops at the first block older than the
+        window, and a call costs the recently freed blocks, not the pool (a /stats poll on a
+        pool of 100k blocks)."""
         since = (time.monotonic() if now is None else now) - window_s
-        refs, used, named = self.ref_counts, self.last_used, self.block_keys
-        return sum(1 for b in range(self.num_blocks)
-                   if refs[b] > 0 or (b in named and used[b] >= since))
+        used, named = self.last_used, self.block_keys
+        recent = 0
+        for b in reversed(self.free_block_ids):
+            if used[b] < since:
+                break
+            recent += b in named
+        return self.num_blocks - self.num_free_blocks + recent
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks to hold `num_new_tokens` more, counting a copy of a shared tail."""
@@ -117,8 +125,10 @@ class BlockManager:
         wrote for proposals the model rejected. Names are untouched: only blocks of computed,
         kept tokens are ever named (`_register_computed`)."""
         keep = -(-seq.num_tokens // self.block_size)
+        now = time.monotonic()
         while len(seq.block_table) > keep:
             block_id = seq.block_table.pop()
+            self.last_used[block_id] = now  # keeps the free list in last_used order
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
                 self.free_block_ids[block_id] = None

@@ -139,3 +139,40 @@ def test_the_working_set_is_held_blocks_and_those_let_go_of_recently(monkeypatch
         bm._take()
     clock[0] = 112.0
     assert bm.hot_blocks(10.0) == 8  # all held now
+
+
+def test_the_working_set_count_matches_a_walk_of_the_whole_pool(monkeypatch):
+    """hot_blocks walks only the recently freed end of the free list; over random takes,
+    prefix hits, speculative trims and frees it agrees with counting every block."""
+    import random
+
+    rng = random.Random(7)
+    clock = [0.0]
+    monkeypatch.setattr("workers.engine.block_manager.time.monotonic", lambda: clock[0])
+    bm = BlockManager(num_blocks=48, block_size=4, enable_caching=True)
+
+    def brute(window_s: float) -> int:
+        since = clock[0] - window_s
+        return sum(1 for b in range(bm.num_blocks) if bm.ref_counts[b] > 0
+                   or (b in bm.block_keys and bm.last_used[b] >= since))
+
+    live = []
+    for step in range(400):
+        clock[0] += rng.choice((0.0, 0.5, 2.0))
+        op = rng.random()
+        if op < 0.4 or not live:
+            seq = make_seq(rng.randint(2, 20))
+            seq.token_ids[:] = [rng.randint(1, 3) for _ in seq.token_ids]  # shared prefixes
+            if bm.can_allocate_slots(seq, seq.num_tokens + 4, reserve=2):
+                live.append(computed(bm, seq))
+        elif op < 0.6:
+            seq = rng.choice(live)
+            if bm.can_allocate_slots(seq, 4):
+                bm.allocate_slots(seq, 4)  # a speculative step's proposals...
+                seq.token_ids.append(1)
+                seq.num_computed_tokens += 1
+                bm.trim(seq)  # ...of which one was kept
+        else:
+            bm.free(live.pop(rng.randrange(len(live))))
+        for window_s in (0.0, 1.0, 5.0, 100.0):
+            assert bm.hot_blocks(window_s) == brute(window_s), (step, window_s)
