@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # gateway.console imports gateway.deps, which imports this mo
 
 logger = logging.getLogger(__name__)
 
+BACKGROUND_GRACE_S = 30.0  # how long shutdown waits on spawned writes (usage, cache) to settle
+
 
 @dataclass
 class GatewayState:
@@ -210,8 +212,14 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
 
 
 async def close_state(state: GatewayState) -> None:
-    if state.background:
-        await asyncio.gather(*state.background, return_exceptions=True)
+    if state.background:  # usage and cache writes still settling: bounded, never forever
+        _, left = await asyncio.wait(set(state.background), timeout=BACKGROUND_GRACE_S)
+        if left:
+            logger.error("shutdown left %d background task(s) unfinished after %g s: %s",
+                         len(left), BACKGROUND_GRACE_S,
+                         ", ".join(sorted(t.get_name() for t in left)))
+            for task in left:
+                task.cancel()
     await state.watcher.stop()
     await state.reconciler.stop()
     await state.meter.stop()
