@@ -14,7 +14,7 @@ against the stored key, so a hash collision can never serve wrong KV, and a diff
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 from workers.engine import prefix_hash
 from workers.engine.prefix_hash import BlockKey, PrefixSummary
@@ -36,8 +36,6 @@ class BlockManager:
         self.num_hit_tokens = 0
         self.num_queried_tokens = 0
         self.last_used = [0.0] * num_blocks  # time.monotonic() a sequence last held it
-        # (evicted at, last held at) of evicted cached blocks, newest last, for hot_blocks
-        self.evictions: deque[tuple[float, float]] = deque(maxlen=4 * num_blocks)
 
     @property
     def num_free_blocks(self) -> int:
@@ -49,18 +47,13 @@ class BlockManager:
         return 1.0 - self.num_free_blocks / self.num_blocks
 
     def hot_blocks(self, window_s: float, now: float | None = None) -> int:
-        """The pool's working set: blocks held by sequences, cached blocks a sequence let go
-        of within the last `window_s` (a chat's next turn is likely to want them back), and
-        cached blocks evicted within the window while they were that hot (the pool could
-        not hold them: a set larger than the pool reads as such, not as a full pool). Routing
-        compares it with the pool to place new prompts where they evict nothing, and moves
-        chats off a pool that keeps evicting them. A block evicted, recomputed and evicted
-        again counts each time, so under heavy thrashing this over-states the set.
-
+        """The pool's working set: blocks held by sequences, and cached blocks a sequence let
+        go of within the last `window_s` (a chat's next turn is likely to want them back).
+        Routing compares it with the pool to place new prompts where they evict nothing.
         Free blocks join the free list's back as they are let go of, so the list is in
         `last_used` order: the walk from the back stops at the first block older than the
-        window, and a call costs the recently freed and evicted blocks, not the pool (a
-        /stats poll on a pool of 100k blocks)."""
+        window, and a call costs the recently freed blocks, not the pool (a /stats poll on a
+        pool of 100k blocks)."""
         since = (time.monotonic() if now is None else now) - window_s
         used, named = self.last_used, self.block_keys
         recent = 0
@@ -68,12 +61,7 @@ class BlockManager:
             if used[b] < since:
                 break
             recent += b in named
-        evicted_hot = 0
-        for at, held in reversed(self.evictions):  # newest first, the window's only
-            if at < since:
-                break
-            evicted_hot += held >= at - window_s
-        return self.num_blocks - self.num_free_blocks + recent + evicted_hot
+        return self.num_blocks - self.num_free_blocks + recent
 
     def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
         """New blocks to hold `num_new_tokens` more, counting a copy of a shared tail."""
@@ -201,6 +189,5 @@ class BlockManager:
         named = self.block_keys.pop(block_id, None)
         if named is not None:  # evict: the least recently freed cached block is reused
             del self.cached[named[0]]
-            self.evictions.append((time.monotonic(), self.last_used[block_id]))
         self.ref_counts[block_id] = 1
         return block_id

@@ -114,8 +114,7 @@ def test_scheduler_skips_cached_prefix_and_records_it():
 
 def test_the_working_set_is_held_blocks_and_those_let_go_of_recently(monkeypatch):
     """Blocks a sequence holds are hot; a freed cached block stays hot for the window after
-    its sequence let go of it; a cached block evicted while hot stays in the set for the
-    window after its eviction (the pool could not hold it)."""
+    its sequence let go of it; an evicted block (named no more) is not hot, however recent."""
     clock = [100.0]
     monkeypatch.setattr("workers.engine.block_manager.time.monotonic", lambda: clock[0])
     bm = BlockManager(num_blocks=8, block_size=4, enable_caching=True)
@@ -136,31 +135,15 @@ def test_the_working_set_is_held_blocks_and_those_let_go_of_recently(monkeypatch
     bm.free(c)
     bm.free(b)
     assert bm.hot_blocks(10.0) == 4  # a's three full blocks and b's one full block
-    for _ in range(8):  # every block taken: the four named ones evicted while hot
+    for _ in range(8):  # every block taken: the named ones evicted
         bm._take()
     clock[0] = 112.0
-    assert bm.hot_blocks(10.0) == 12  # all eight held, and four more did not fit
-    assert bm.hot_blocks(0.5) == 8  # evicted 1 s ago: outside a half-second window
-    clock[0] = 122.0
-    assert bm.hot_blocks(10.0) == 8
-
-
-def test_a_block_evicted_after_it_went_cold_is_not_in_the_working_set(monkeypatch):
-    clock = [100.0]
-    monkeypatch.setattr("workers.engine.block_manager.time.monotonic", lambda: clock[0])
-    bm = BlockManager(num_blocks=4, block_size=4, enable_caching=True)
-    bm.free(computed(bm, make_seq(9)))  # blocks 0, 1 named; 2 partial
-    clock[0] = 150.0  # 50 s later, past a 10 s window: cold when evicted
-    taken = [bm._take() for _ in range(4)]
-    assert sorted(taken) == [0, 1, 2, 3] and len(bm.evictions) == 2
-    assert bm.hot_blocks(10.0) == 4  # held ones only
-    assert bm.hot_blocks(60.0) == 6  # a minute's window: they were hot when evicted
+    assert bm.hot_blocks(10.0) == 8  # all held now
 
 
 def test_the_working_set_count_matches_a_walk_of_the_whole_pool(monkeypatch):
-    """hot_blocks walks only the recently freed end of the free list and the recent
-    evictions; over random takes, prefix hits, speculative trims and frees it agrees with
-    counting every block and eviction."""
+    """hot_blocks walks only the recently freed end of the free list; over random takes,
+    prefix hits, speculative trims and frees it agrees with counting every block."""
     import random
 
     rng = random.Random(7)
@@ -170,10 +153,8 @@ def test_the_working_set_count_matches_a_walk_of_the_whole_pool(monkeypatch):
 
     def brute(window_s: float) -> int:
         since = clock[0] - window_s
-        evicted_hot = sum(1 for at, held in bm.evictions
-                          if at >= since and held >= at - window_s)
-        return evicted_hot + sum(1 for b in range(bm.num_blocks) if bm.ref_counts[b] > 0
-                                 or (b in bm.block_keys and bm.last_used[b] >= since))
+        return sum(1 for b in range(bm.num_blocks) if bm.ref_counts[b] > 0
+                   or (b in bm.block_keys and bm.last_used[b] >= since))
 
     live = []
     for step in range(400):
@@ -195,4 +176,3 @@ def test_the_working_set_count_matches_a_walk_of_the_whole_pool(monkeypatch):
             bm.free(live.pop(rng.randrange(len(live))))
         for window_s in (0.0, 1.0, 5.0, 100.0):
             assert bm.hot_blocks(window_s) == brute(window_s), (step, window_s)
-    assert len(bm.evictions) > 20  # the walk met evicted blocks too
