@@ -97,9 +97,7 @@ def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth]
     a worker idle enough to recompute it sooner. Where a worker reports its KV working set
     (`kv_room`), the tokens the prompt's uncached part would push out of that set count
     against it the same way: they are someone's next turn, recomputed later. So new chats go
-    where the pool has room, and a chat whose worker overflows may move to one that has.
-    Where the set overflows the pool, the prompt's own share that would not survive to its
-    next turn counts against it too (`_at_risk`)."""
+    where the pool has room, and a chat whose worker overflows may move to one that has."""
     measured = [h.latency_ewma_s for d in usable
                 if (h := health(d.name)).latency_ewma_s is not None]
     unknown = min(measured) if measured else 0.0  # untried deployments look as good as the best
@@ -113,8 +111,7 @@ def _by_cost(usable: list[Deployment], health: Callable[[str], DeploymentHealth]
         lottery = -rng.random() ** (1.0 / d.config.weight)  # weighted random order
         residency = _residency(d, needs.adapter) if needs.adapter is not None else 0
         cached = needs.cached_tokens.get(d.name, 0)
-        new = needs.prompt_tokens - cached
-        saved = cached - _evicted(d, new) - _at_risk(d, needs.prompt_tokens, new)
+        saved = cached - _evicted(d, needs.prompt_tokens - cached)
         affinity = saved / d.config.prefix_load_penalty_tokens
         return (residency, d.price.per_1m, round(pressure - affinity, 2), round(expected, 4),
                 lottery)
@@ -130,19 +127,6 @@ def _evicted(deployment: Deployment, new_tokens: int) -> int:
         return 0
     hot, capacity = room
     return max(0, min(new_tokens, hot + new_tokens - capacity))
-
-
-def _at_risk(deployment: Deployment, prompt_tokens: int, new_tokens: int) -> float:
-    """This prompt's tokens the deployment is likely to have evicted before the chat's next
-    turn: the share of its working set (this prompt's new tokens added) that its pool cannot
-    hold. Where both pools overflow, a new chat goes to the one that overflows less, so the
-    hot set stays split evenly instead of the fuller worker evicting its own chats."""
-    room = deployment.kv_room() if prompt_tokens > 0 else None
-    if room is None:
-        return 0.0
-    hot, capacity = room
-    after = hot + new_tokens
-    return prompt_tokens * max(0, after - capacity) / after if after > 0 else 0.0
 
 
 def _residency(deployment: Deployment, adapter: str | None) -> int:

@@ -172,34 +172,12 @@ def test_what_a_prompt_would_evict_counts_against_its_worker() -> None:
     # ...unless the roomy one is busier than the 416 evicted tokens are worth (1.6 units)
     assert first((0.0, full), (1.0, roomy)) == "b"
     assert first((0.0, full), (2.0, roomy)) == "a"
-    # a follow-up: 1,024 tokens cached on a full b, 512 new ones that evict 416 of others',
-    # and 1,536 * 416 / 4,512 = 142 of its own at risk: (1024 - 416 - 142) / 256 = 1.82 units
+    # a follow-up: 1,024 tokens cached on a full b, 512 new ones that evict 416 of others'
     assert first((1.0, roomy), (1.0, full), cached_b=1024, prompt=1536) == "b"
-    assert first((0.0, roomy), (1.0, full), cached_b=1024, prompt=1536) == "b"  # 1 < 1.82
-    assert first((0.0, roomy), (2.0, full), cached_b=1024, prompt=1536) == "a"  # 2 > 1.82
+    assert first((0.0, roomy), (1.0, full), cached_b=1024, prompt=1536) == "b"  # 1 < 2.375
+    assert first((0.0, roomy), (3.0, full), cached_b=1024, prompt=1536) == "a"  # 3 > 2.375
     # a worker that reports no working set evicts nothing as far as routing knows
     assert first((1.0, None), (1.0, full)) == "a"
     assert first((1.0, full), (1.0, None)) == "b"
     # no prompt length (not tokenized): plain load and cached prefix, as before
     assert first((1.0, full), (1.0, full), cached_b=512, prompt=0) == "b"
-
-
-def test_where_both_pools_overflow_a_prompt_goes_where_more_of_it_survives() -> None:
-    """The prompt's share of an overflowing working set counts against its worker
-    (prompt * (hot + new - pool) / (hot + new)), so new chats split the hot set evenly."""
-    def first(room_a: tuple[int, int], room_b: tuple[int, int], cached_b: int = 0,
-              prompt: int = 512, load_a: float = 1.0) -> str:
-        ds = [loaded("a", load_a, room_a), loaded("b", 1.0, room_b)]
-        needs = Needs(cached_tokens={"b": cached_b}, prompt_tokens=prompt)
-        return rank(ds, Healths().__getitem__, needs, policy="cost").order[0].name
-
-    pool = 4096
-    # a new chat: both evict all 512 of its tokens from others; a overflows less
-    assert first((4400, pool), (6000, pool)) == "a"
-    assert first((6000, pool), (4400, pool)) == "b"
-    # ... by 0.41 units (512 * 2416 / 6512 = 190 at risk on b, 512 * 816 / 4912 = 85 on a,
-    # (190 - 85) / 256); a busier a loses
-    assert first((4400, pool), (6000, pool), load_a=1.3) == "a"
-    assert first((4400, pool), (6000, pool), load_a=1.5) == "b"
-    # a follow-up whose worker overflows stays there while that beats recomputing it all
-    assert first((4400, pool), (6000, pool), cached_b=1024, prompt=1536) == "b"
