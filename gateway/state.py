@@ -217,7 +217,8 @@ async def close_state(state: GatewayState) -> None:
         if left:
             logger.error("shutdown left %d background task(s) unfinished after %g s: %s",
                          len(left), BACKGROUND_GRACE_S,
-                         ", ".join(sorted(t.get_name() for t in left)))
+                         ", ".join(sorted(getattr(t.get_coro(), "__qualname__", t.get_name())
+                                          for t in left)))
             for task in left:
                 task.cancel()
     await state.watcher.stop()

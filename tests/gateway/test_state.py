@@ -38,3 +38,4 @@ async def test_shutdown_waits_for_spawned_writes_then_gives_up_on_a_stuck_one(
     assert settled.is_set()  # the quick write was awaited, not cut off
     assert stuck.is_set()  # the stuck one was cancelled after the grace
     assert "shutdown left 1 background task(s) unfinished" in caplog.text
+    assert "hang" in caplog.text  # named by what it runs
