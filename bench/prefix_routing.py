@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.concurrency} at a time, think {args.think_s} s, 2 SmolLM2 workers with "
           f"{args.kv_cache_mib} MiB of KV each")
     print("| routing | TTFT p50 | TTFT p99 | prompt tokens computed (per worker) | "
-          "vs least-loaded | follow-ups moved | wall |")
+          f"vs {base['config']} | follow-ups moved | wall |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['ttft_p50_s'] * 1000:.0f} ms "
