@@ -55,6 +55,16 @@ def test_the_mapping_is_eligible_for_huge_pages():
     assert "THPeligible:    1" in entry or "THPeligible: 1" in " ".join(entry.split())
 
 
+def _rss_kib(entry: str) -> int:
+    return next(int(line.split()[1]) for line in entry.splitlines() if line.startswith("Rss:"))
+
+
+@needs_madvise
+def test_the_pool_is_resident_before_its_first_write():
+    t = huge_pages.zeros((8 << 20,), torch.uint8)  # 8 MiB, nothing written by the caller
+    assert _rss_kib(_smaps_entry(t.data_ptr())) >= 8 << 10
+
+
 def test_under_one_huge_page_is_plain_torch_memory():
     t = huge_pages.zeros((16, 16), torch.float32)
     assert t.shape == (16, 16) and int(torch.count_nonzero(t)) == 0
