@@ -46,7 +46,8 @@ class EngineArgs:
     prefill_attention: str = "auto"  # auto | amx | vec | flash | masked (prompt chunks)
     # auto | torch | onednn | onednn_packed (weights blocked once at load) | amx (bfloat16:
     # also an AMX tile-layout copy for matmuls of few rows) | avx512_bf16 (the same copy read
-    # by AVX-512 BF16 dot products); projections' GEMM
+    # by AVX-512 BF16 dot products) | onednn_upcast (bfloat16 as float32 matmuls, for CPUs
+    # without bfloat16 dot products); projections' GEMM
     linear_backend: str = "auto"
     # auto | torch | cpu (C kernels: residual add + RMSNorm, SiLU-and-multiply, RoPE)
     elementwise: str = "auto"

@@ -20,7 +20,7 @@ from torch import nn
 
 from workers.runner import cpu_amx, cpu_fused
 from workers.runner.attention import AttentionMetadata, paged_attention, write_kv
-from workers.runner.linear import Linear, LinearKernel, pack_weight
+from workers.runner.linear import Linear, LinearKernel, onednn_linear, pack_weight
 from workers.runner.lora import LoRABatch
 from workers.runner.rope import RotaryEmbedding, apply_rotary
 
@@ -168,6 +168,7 @@ class LlamaModel(nn.Module):
         self.head_weight: torch.Tensor | None = None  # a tied head's blocked copy, if packed
         self.head_amx: torch.Tensor | None = None  # and its tile-layout copy (`amx`, `dot`)
         self.head_tile_kernel = "amx"
+        self.head_upcast = False  # the head's copy is float32 under a bfloat16 model
         self.elementwise = "torch"
 
     def use_linear_kernel(self, kernel: LinearKernel) -> None:
@@ -185,7 +186,7 @@ class LlamaModel(nn.Module):
             if isinstance(module, RMSNorm | Attention | MLP):
                 module.fused = name == "cpu"
 
-    def pack_linears(self, *, tiles: str | None = None) -> None:
+    def pack_linears(self, *, tiles: str | None = None, upcast: bool = False) -> None:
         """Replace every projection's weight by its oneDNN-blocked copy (`onednn_packed`).
         A tied LM head reads the embedding, which lookups need dense, so the head gets a
         blocked copy of its own (one more vocabulary x hidden table, as vLLM's CPU build
@@ -194,18 +195,27 @@ class LlamaModel(nn.Module):
 
         `tiles` (a `cpu_amx` kernel, `amx` or `dot`): each weight (the tied head's too) also
         gets a copy in AMX's tile layout for matmuls of few rows, read by that kernel; twice
-        the weights' memory."""
+        the weights' memory.
+
+        `upcast` (`onednn_upcast`): the blocked copies, biases and the head's are float32,
+        widened from the bfloat16 weights, which are dropped (the embedding stays)."""
+        def blocked(weight: torch.Tensor) -> torch.Tensor:
+            return pack_weight(weight.float() if upcast else weight)
+
         for module in self.modules():
             if isinstance(module, Linear):
                 if tiles is not None and cpu_amx.packable(module.weight):
                     module.amx_weight = cpu_amx.pack(module.weight)
                     module.tile_kernel = tiles
-                module.weight = nn.Parameter(pack_weight(module.weight), requires_grad=False)
+                module.weight = nn.Parameter(blocked(module.weight), requires_grad=False)
+                if upcast and module.bias is not None:
+                    module.bias = nn.Parameter(module.bias.float(), requires_grad=False)
         if not hasattr(self, "lm_head"):
             if tiles is not None and cpu_amx.packable(self.embed_tokens.weight):
                 self.head_amx = cpu_amx.pack(self.embed_tokens.weight)
                 self.head_tile_kernel = tiles
-            self.head_weight = pack_weight(self.embed_tokens.weight)
+            self.head_weight = blocked(self.embed_tokens.weight)
+        self.head_upcast = upcast
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -238,4 +248,6 @@ class LlamaModel(nn.Module):
             return cpu_amx.amx_linear(hidden, self.head_amx, self.embed_tokens.num_embeddings,
                                       out_dtype=torch.float32, kernel=self.head_tile_kernel)
         weight = self.embed_tokens.weight if self.head_weight is None else self.head_weight
+        if self.head_upcast:  # float32 logits, not rounded through bfloat16
+            return onednn_linear(hidden.float(), weight)
         return self.linear_kernel(hidden, weight, None).float()

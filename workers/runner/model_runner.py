@@ -29,7 +29,13 @@ from workers.runner.attention_backend import pick_attention_backend, pick_prefil
 from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
-from workers.runner.linear import TILE_KERNELS, Linear, linear_kernel, pick_linear_backend
+from workers.runner.linear import (
+    PACKED_BACKENDS,
+    TILE_KERNELS,
+    Linear,
+    linear_kernel,
+    pick_linear_backend,
+)
 from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.model import LlamaModel
@@ -342,8 +348,9 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     if check_quantization(config.quantization) != "none":  # before packing (it refuses int8)
         compute = pick_int8_compute(config.int8_compute, config.device, config.dtype)
         quantize(model, config.quantization, linear_backend, compute)
-    if linear_backend in ("onednn_packed", *TILE_KERNELS):
-        model.pack_linears(tiles=TILE_KERNELS.get(linear_backend))
+    if linear_backend in PACKED_BACKENDS:
+        model.pack_linears(tiles=TILE_KERNELS.get(linear_backend),
+                           upcast=linear_backend == "onednn_upcast")
     model.use_elementwise(pick_elementwise(config.elementwise, config.device, config.dtype))
     return model, linear_backend
 

@@ -36,12 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.runner import cbuild, cpu_int8
+from workers.runner import cpu_int8
 from workers.runner.linear import (
-    TILE_KERNELS,
+    PACKED_BACKENDS,
     Linear,
     LinearKernel,
     linear_kernel,
+    native_bf16,
     onednn_runs,
 )
 
@@ -49,7 +50,6 @@ QUANTIZATIONS = ("none", "int8")
 # What int8 weights are widened to for a matmul: auto (bfloat16 where the CPU multiplies it
 # natively and the model is float32, else the model dtype), model, or bfloat16.
 INT8_COMPUTE = ("auto", "model", "bfloat16")
-_NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 # The most bytes of float weight one cast writes on CPU. SmolLM2's layer projections (1-7 MiB
 # in float32) are cast whole, which beat 2 MiB tiles 1.15-1.7x at 8-64 rows; the 113 MiB LM
 # head goes in equal tiles, which beat one whole cast 1.3-5.4x (bench/quantization.py). CUDA casts
@@ -66,12 +66,6 @@ def check_quantization(name: str) -> str:
     if name not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}")
     return name
-
-
-def native_bf16() -> bool:
-    """Whether this CPU has bfloat16 dot-product instructions. oneDNN also runs bfloat16 on
-    AVX-512 CPUs without them, by emulation, slower than float32: so the flags, not a trial."""
-    return not cbuild.cpu_flags().isdisjoint(_NATIVE_BF16_FLAGS)
 
 
 def check_int8_compute(name: str) -> str:
@@ -229,7 +223,7 @@ def quantize(model: nn.Module, quantization: str, linear_backend: str,
     it as it is."""
     if check_quantization(quantization) == "none":
         return
-    if linear_backend in ("onednn_packed", *TILE_KERNELS):
+    if linear_backend in PACKED_BACKENDS:
         raise ValueError(f"linear_backend {linear_backend!r} blocks float weights; with "
                          "quantization 'int8' use auto, onednn or torch")
     quantize_weights(model, linear_kernel(linear_backend), compute)

@@ -69,6 +69,7 @@ def test_onednn_rows_do_not_depend_on_the_rest_of_the_batch():
 
 
 def test_auto_is_onednn_on_cpu_for_float32_and_bfloat16_only(monkeypatch):
+    monkeypatch.setattr(linear, "native_bf16", lambda: True)  # emulated bfloat16: below
     monkeypatch.setattr(cpu_amx, "available", lambda: False)  # the tile kernels: below
     monkeypatch.setattr(cpu_amx, "dot_preferred", lambda: False)
     expected = "onednn_packed" if onednn_available() else "torch"
@@ -106,9 +107,12 @@ def test_a_cpu_without_bfloat16_falls_back_to_torch(monkeypatch):
         return real(x, weight, bias)
 
     monkeypatch.setattr(linear, "onednn_linear", no_bf16)
+    monkeypatch.setattr(linear, "native_bf16", lambda: False)
     linear.onednn_runs.cache_clear()
     try:
-        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "torch"
+        # bfloat16 float weights run as float32 matmuls; int8 ones are cast per call
+        assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn_upcast"
+        assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) == "torch"
         assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
         with pytest.raises(ValueError, match=r"cannot run torch\.bfloat16 on this CPU"):
             pick_linear_backend("onednn", CPU, torch.bfloat16)
@@ -126,6 +130,7 @@ def test_a_cpu_with_bfloat16_picks_onednn_amx_or_dot_products_where_they_pay(
     """AMX first; then AVX-512 BF16 dot products over the same tile copy on AMD cores, where
     they were measured faster than oneDNN; else oneDNN alone."""
     monkeypatch.setattr(linear, "onednn_linear", lambda x, w, b=None: x @ w.t())
+    monkeypatch.setattr(linear, "native_bf16", lambda: True)
     monkeypatch.setattr(cpu_amx, "available", lambda: amx)
     monkeypatch.setattr(cpu_amx, "dot_available", lambda: dot)
     monkeypatch.setattr(cbuild, "cpu_vendor", lambda: vendor)
@@ -148,6 +153,73 @@ def test_a_cpu_with_bfloat16_picks_onednn_amx_or_dot_products_where_they_pay(
                 pick_linear_backend("avx512_bf16", CPU, torch.bfloat16)
     finally:
         linear.onednn_runs.cache_clear()
+
+
+def test_native_bf16_reads_the_flags(monkeypatch):
+    flags = "flags\t\t: fpu sse2 avx2 avx512f avx512_vnni"
+    monkeypatch.setattr(cbuild, "cpu_signature", lambda: flags)
+    assert not linear.native_bf16()
+    monkeypatch.setattr(cbuild, "cpu_signature", lambda: flags + " avx512_bf16")
+    assert linear.native_bf16()
+
+
+@needs_onednn
+def test_a_cpu_that_emulates_bfloat16_runs_it_as_float32_matmuls(monkeypatch):
+    """AVX-512 without BF16 (a Xeon whose hypervisor hides it): oneDNN runs bfloat16 there,
+    by emulation, 3.5-4.5x slower than float32, so `auto` widens to float32 matmuls."""
+    monkeypatch.setattr(linear, "native_bf16", lambda: False)
+    monkeypatch.setattr(cpu_amx, "available", lambda: False)
+    monkeypatch.setattr(cpu_amx, "dot_preferred", lambda: False)
+    assert pick_linear_backend("auto", CPU, torch.bfloat16) == "onednn_upcast"
+    assert pick_linear_backend("auto", CPU, torch.float32) == "onednn_packed"
+    assert pick_linear_backend("auto", CPU, torch.bfloat16, quantized=True) in ("onednn",
+                                                                                "torch")
+    assert pick_linear_backend("auto", CUDA, torch.bfloat16) == "torch"
+    assert pick_linear_backend("onednn_upcast", CPU, torch.bfloat16) == "onednn_upcast"
+    with pytest.raises(ValueError, match="needs bfloat16 float weights"):
+        pick_linear_backend("onednn_upcast", CPU, torch.float32)
+    with pytest.raises(ValueError, match="needs bfloat16 float weights"):
+        pick_linear_backend("onednn_upcast", CPU, torch.bfloat16, quantized=True)
+    monkeypatch.setattr(linear, "native_bf16", lambda: True)
+    assert pick_linear_backend("auto", CPU, torch.bfloat16) != "onednn_upcast"
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [False, True])
+def test_upcast_linear_is_a_bfloat16_matmul_with_float32_sums(bias):
+    """Widened inputs and weights (exact), float32 sums, one rounding to bfloat16."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 576, generator=gen).bfloat16()
+    weight = torch.randn(960, 576, generator=gen).bfloat16()
+    b = torch.randn(960, generator=gen).bfloat16() if bias else None
+    out = linear.upcast_linear(x, pack_weight(weight.float()),
+                               None if b is None else b.float())
+    assert out.dtype == torch.bfloat16 and out.shape == (37, 960)
+    exact = x.double() @ weight.double().t() + (0 if b is None else b.double())
+    # within bfloat16's rounding of the result (2^-8 relative) plus float32 sums
+    assert torch.all((out.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3)
+
+
+@needs_onednn
+def test_upcast_packing_keeps_float32_copies_and_float32_logits():
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    model = LlamaModel(config, max_positions=64).bfloat16()
+    x = torch.randn(5, 64).bfloat16()
+    dense_mlp = model.layers[0].mlp(x, None)
+    exact_logits = x.float() @ model.embed_tokens.weight.float().t()
+    model.use_linear_kernel(linear.linear_kernel("onednn_upcast"))
+    model.pack_linears(upcast=True)
+    mlp = model.layers[0].mlp
+    assert mlp.gate_up_proj.weight.is_mkldnn and mlp.gate_up_proj.weight.dtype == torch.float32
+    assert model.embed_tokens.weight.dtype == torch.bfloat16  # lookups stay bfloat16
+    out = mlp(x, None)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, dense_mlp, rtol=2e-2, atol=2e-2)
+    logits = model.compute_logits(x)
+    assert logits.dtype == torch.float32  # not rounded through bfloat16
+    torch.testing.assert_close(logits, exact_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_use_linear_kernel_routes_every_projection_and_the_tied_head():

@@ -139,14 +139,6 @@ def test_int8_compute_is_probed_only_for_int8_weights(tiny_llama_path, monkeypat
             int8_compute="bfloat16")
 
 
-def test_native_bf16_reads_the_flags(monkeypatch):
-    flags = "flags\t\t: fpu sse2 avx2 avx512f"
-    monkeypatch.setattr(quantization.cbuild, "cpu_signature", lambda: flags)
-    assert not quantization.native_bf16()
-    monkeypatch.setattr(quantization.cbuild, "cpu_signature", lambda: flags + " avx512_bf16")
-    assert quantization.native_bf16()
-
-
 def _tiny_model(tiny_llama_path: Path, tie: bool = True):
     from transformers import AutoConfig
 
