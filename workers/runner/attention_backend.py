@@ -73,9 +73,10 @@ def pick_prefill_attention(name: str, device: torch.device, *,
     prefill chunk, cached context or not, through one AMX kernel call, `amx_prefill`) or `vec`
     (the same through one AVX-512 or AVX2 kernel call, `vec_prefill`).
 
-    `auto` is `amx` for bfloat16 heads of 64 on a CPU with AMX, else `vec` for float32 on
-    AVX-512 or bfloat16 on AVX-512 BF16 (heads of 64 or 128: 1.5-2.9x the flash split on a
-    Zen 4, docs/benchmarks.md; its AVX2 build is explicit only), else `flash` where it
+    `auto` is `amx` for bfloat16 heads of 64 on a CPU with AMX, else `vec` on AVX-512 (heads
+    of 64 or 128: 1.5-2.9x the flash split on a Zen 4; bfloat16 widened to float32 where the
+    CPU lacks AVX-512 BF16, 1.1-1.4x on a Xeon without it; docs/benchmarks.md; its AVX2
+    build is explicit only), else `flash` where it
     runs (CPU, with the kernel in this torch), else `masked`. On CUDA nothing faster has
     been measured yet, so it keeps `masked` there.
     """
@@ -92,7 +93,7 @@ def pick_prefill_attention(name: str, device: torch.device, *,
                          "AMX that Linux lets this process use")
     if name == "vec" and not vec_prefill.fits(dtype, head_dim, device):
         raise ValueError("prefill_attention 'vec' needs heads of 64 or 128 and a CPU with "
-                         "AVX-512 or AVX2 (float32) or AVX-512 BF16 (bfloat16)")
+                         "AVX-512 or AVX2")
     if name == "flash" and not flash_prefill.fits(device):
         raise ValueError("prefill_attention 'flash' needs a CPU device and torch's "
                          "_scaled_dot_product_flash_attention_for_cpu")

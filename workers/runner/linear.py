@@ -95,17 +95,18 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
         return "torch"
     fits = device.type == "cpu" and dtype in _ONEDNN_DTYPES and onednn_available()
     if name == "auto":
-        if fits and upcast_preferred(dtype, quantized=quantized):
-            return "onednn_upcast"
-        if not (fits and onednn_runs(dtype)):
+        if not fits:
             return "torch"
+        runs = onednn_runs(dtype)
         if quantized:
-            return "onednn"
-        if dtype == torch.bfloat16 and cpu_amx.available():
+            return "onednn" if runs else "torch"
+        if runs and dtype == torch.bfloat16 and cpu_amx.available():
             return "amx"
-        if dtype == torch.bfloat16 and cpu_amx.dot_preferred():
+        if runs and dtype == torch.bfloat16 and cpu_amx.dot_preferred():
             return "avx512_bf16"
-        return "onednn_packed"
+        if upcast_preferred(dtype):
+            return "onednn_upcast"
+        return "onednn_packed" if runs else "torch"
     if name == "amx" and not (dtype == torch.bfloat16 and cpu_amx.available()):
         raise ValueError("linear_backend 'amx' needs bfloat16 and a CPU with AMX "
                          "(amx_tile, amx_bf16) that Linux lets this process use")

@@ -1,5 +1,7 @@
 """Causal prefill attention with vectors, queries in the lanes (`csrc/vec_attention.c`):
-float32 with AVX-512 or AVX2+FMA, bfloat16 with AVX-512 BF16; heads of 64 or 128.
+float32 with AVX-512 or AVX2+FMA, bfloat16 with AVX-512 BF16; heads of 64 or 128. On a CPU
+without AVX-512 BF16, bfloat16 chunks are widened to float32 around the float32 kernel (`widens`):
+the copies are a pass over q and K/V, small beside the chunk x context products.
 
 One call serves a whole chunk, after cached context or not, like `amx_prefill` (whose
 argument order it shares) on CPUs without AMX. It replaces `flash_prefill`'s two calls of
@@ -37,22 +39,30 @@ def load_library(march: str = "native") -> ctypes.CDLL:
 
 
 @functools.cache
-def _supported(dtype: torch.dtype, head_dim: int) -> bool:
+def _supported(dtype: torch.dtype, head_dim: int, march: str = "native") -> bool:
+    """Whether the `march` build takes this dtype and head size natively."""
     if dtype not in _DTYPE_CODES or head_dim not in HEAD_DIMS:
         return False
     flags = cbuild.cpu_flags()
     if "avx512f" not in flags and not {"avx2", "fma"} <= flags:
         return False
     try:
-        return load_library().vec_prefill_supports(_DTYPE_CODES[dtype], head_dim) == 1
+        return load_library(march).vec_prefill_supports(_DTYPE_CODES[dtype], head_dim) == 1
     except RuntimeError:
         return False
 
 
+def widens(dtype: torch.dtype, head_dim: int, march: str = "native") -> bool:
+    """bfloat16 that this build only takes through float32 (no AVX-512 BF16)."""
+    if dtype != torch.bfloat16 or _supported(dtype, head_dim, march):
+        return False
+    return _supported(torch.float32, head_dim, march)
+
+
 def fits(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
-    """A CPU device, heads of 64 or 128, float32 on AVX-512 or AVX2+FMA, bfloat16 on
-    AVX-512 BF16."""
-    return device.type == "cpu" and _supported(dtype, head_dim)
+    """A CPU device, heads of 64 or 128, float32 on AVX-512 or AVX2+FMA, bfloat16 on any of
+    them (natively on AVX-512 BF16, else widened)."""
+    return device.type == "cpu" and (_supported(dtype, head_dim) or widens(dtype, head_dim))
 
 
 def preferred(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
@@ -90,6 +100,9 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     bench/prefill_attention.py run the AVX2 one on AVX-512 CPUs too)."""
     if q.dtype not in _DTYPE_CODES:
         raise ValueError(f"no vector prefill kernel for {q.dtype}")
+    if widens(q.dtype, q.shape[-1], march):
+        wide = [None if t is None else t.float() for t in (q, k_new, v_new, k_ctx, v_ctx)]
+        return prefill_attention(*wide, scale, march=march).to(q.dtype)
     out, args = chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
     status = load_library(march).vec_prefill_attention(
         *args, q.shape[-1], _DTYPE_CODES[q.dtype], scale, torch.get_num_threads())

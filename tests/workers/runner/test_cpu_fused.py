@@ -10,7 +10,7 @@ from tests.workers.runner.conftest import build_targets
 from workers import LLM, SamplingParams
 from workers.runner import cpu_amx, cpu_fused
 from workers.runner.attention import write_kv
-from workers.runner.linear import onednn_runs
+from workers.runner.linear import onednn_runs, upcast_preferred
 from workers.runner.model import RMSNorm
 from workers.runner.rope import apply_rotary
 
@@ -162,25 +162,40 @@ def test_store_kv_writes_what_write_kv_writes(dtype, march):
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
-@pytest.mark.skipif(not onednn_runs(torch.bfloat16), reason="this CPU has no bfloat16 matmul")
-def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_path):
+def _auto_bf16_linear() -> str:
+    if cpu_amx.available():
+        return "amx"
+    if cpu_amx.dot_preferred():
+        return "avx512_bf16"
+    return "onednn_upcast" if upcast_preferred(torch.bfloat16) else "onednn_packed"
+
+
+@pytest.mark.skipif(not onednn_runs(torch.float32), reason="this torch has no oneDNN matmul")
+@pytest.mark.parametrize("linear_name", ["auto", "onednn_upcast"])
+def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_path,
+                                                                     linear_name):
     """bfloat16 on CPU: the decode kernel, the element-wise kernels and blocked weights are
     chosen, and while its greedy tokens agree with the float32 engine's, each token's logprob
     is float32's within bfloat16 noise (the all-PyTorch bfloat16 engine is off by up to 0.13
     here). A random tiny model is full of near-ties, so any rounding forks the sequences after
-    some tokens; a wrong kernel would fork them at once or move the logprobs far more."""
+    some tokens; a wrong kernel would fork them at once or move the logprobs far more.
+    `onednn_upcast` (bfloat16 as float32 matmuls) runs wherever float32 oneDNN does."""
+    if (linear_name == "auto" and not onednn_runs(torch.bfloat16)
+            and not upcast_preferred(torch.bfloat16)):
+        pytest.skip("this CPU has no bfloat16 matmul")
     prompts = [[(7 * i + j) % 250 + 3 for j in range(n)] for i, n in enumerate((5, 40, 130))]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1)
     outs = {}
     for dtype, name in (("float32", "torch"), ("bfloat16", "auto")):
         llm = LLM(str(tiny_llama_path), kv_cache_memory=1 << 22, device="cpu", dtype=dtype,
-                  elementwise=name, attention_backend=name, linear_backend=name,
+                  elementwise=name, attention_backend=name,
+                  linear_backend=linear_name if dtype == "bfloat16" else name,
                   max_num_batched_tokens=64)
         runner = llm.engine.runner
         if dtype == "bfloat16":
             assert runner.model.elementwise == runner.attention_backend == "cpu"
-            assert runner.linear_backend == ("amx" if cpu_amx.available() else "avx512_bf16"
-                                             if cpu_amx.dot_preferred() else "onednn_packed")
+            assert runner.linear_backend == (_auto_bf16_linear() if linear_name == "auto"
+                                             else linear_name)
         outs[dtype] = [o.outputs[0] for o in llm.generate(prompts, params)]
     compared = 0
     for got, want in zip(outs["bfloat16"], outs["float32"], strict=True):

@@ -149,3 +149,18 @@ def test_fits_only_cpu_heads_of_64_or_128():
     assert vec_prefill.fits(torch.float32, 128, CPU) == ("avx512f" in flags
                                                          or {"avx2", "fma"} <= flags)
     assert vec_prefill.preferred(torch.float32, 128, CPU) == ("avx512f" in flags)
+
+
+@pytest.mark.skipif(not {"avx2", "fma"} <= cbuild.cpu_flags(), reason="this CPU has no AVX2")
+@pytest.mark.parametrize(("q_len", "start"), [(33, 0), (100, 300)])
+def test_bfloat16_without_avx512_bf16_is_widened_to_the_float32_kernel(q_len, start):
+    """The AVX2 build has no bfloat16 code: the chunk goes through its float32 kernel, so the
+    only rounding is the output's."""
+    assert vec_prefill.widens(torch.bfloat16, 64, "x86-64-v3")
+    assert not vec_prefill.widens(torch.float32, 64, "x86-64-v3")
+    q, k_new, v_new, k_ctx, v_ctx, k_all, v_all = operands(q_len, start, 64, torch.bfloat16, 11)
+    out = vec_prefill.prefill_attention(q, k_new, v_new, k_ctx if start else None,
+                                        v_ctx if start else None, 0.125, march="x86-64-v3")
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    want = reference(q, k_all, v_all, start)
+    assert torch.all((out.double() - want).abs() <= want.abs() * 2**-8 + 1e-6)
