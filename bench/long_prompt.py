@@ -57,9 +57,9 @@ def engine_system(kernel: str, llm: LLM, steps: list[int]
         runner.prefill_attention = kernel
         execute, count = runner.execute, [0]
 
-        def counted(sched: Any) -> Any:
+        def counted(sched: Any, *rest: Any) -> Any:  # rest: the interjection hook
             count[0] += 1
-            return execute(sched)
+            return execute(sched, *rest)
 
         runner.execute = counted
         try:
