@@ -127,10 +127,9 @@ def pick_linear_backend(name: str, device: torch.device, dtype: torch.dtype, *,
     return name
 
 
-def upcast_preferred(dtype: torch.dtype, *, quantized: bool = False) -> bool:
-    """bfloat16 float weights on a CPU that only emulates bfloat16, where float32 runs."""
-    return (dtype == torch.bfloat16 and not quantized and not native_bf16()
-            and onednn_runs(torch.float32))
+def upcast_preferred(dtype: torch.dtype) -> bool:
+    """bfloat16 on a CPU that only emulates it (or cannot run it), where float32 runs."""
+    return dtype == torch.bfloat16 and not native_bf16() and onednn_runs(torch.float32)
 
 
 def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
