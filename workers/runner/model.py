@@ -168,7 +168,6 @@ class LlamaModel(nn.Module):
         self.head_weight: torch.Tensor | None = None  # a tied head's blocked copy, if packed
         self.head_amx: torch.Tensor | None = None  # and its tile-layout copy (`amx`, `dot`)
         self.head_tile_kernel = "amx"
-        self.head_upcast = False  # the head's copy is float32 under a bfloat16 model
         self.elementwise = "torch"
 
     def use_linear_kernel(self, kernel: LinearKernel) -> None:
@@ -215,7 +214,6 @@ class LlamaModel(nn.Module):
                 self.head_amx = cpu_amx.pack(self.embed_tokens.weight)
                 self.head_tile_kernel = tiles
             self.head_weight = blocked(self.embed_tokens.weight)
-        self.head_upcast = upcast
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -248,6 +246,6 @@ class LlamaModel(nn.Module):
             return cpu_amx.amx_linear(hidden, self.head_amx, self.embed_tokens.num_embeddings,
                                       out_dtype=torch.float32, kernel=self.head_tile_kernel)
         weight = self.embed_tokens.weight if self.head_weight is None else self.head_weight
-        if self.head_upcast:  # float32 logits, not rounded through bfloat16
+        if weight.dtype != hidden.dtype:  # `onednn_upcast`'s float32 copy: float32 logits
             return onednn_linear(hidden.float(), weight)
         return self.linear_kernel(hidden, weight, None).float()
