@@ -60,14 +60,25 @@ def _refusal(
         count = state.requests.total()
         if count + 1 > limits.rpm:
             return "rpm", state.requests.wait_for(count + 1 - limits.rpm, now)
-    if limits.tpm is not None:
-        if tokens > limits.tpm:
-            return "tpm", float(WINDOW_S)
-        used = state.tokens.total()
-        if used + tokens > limits.tpm:
-            return "tpm", state.tokens.wait_for(used + tokens - limits.tpm, now)
+    refusal = _tpm_refusal(limits, state, tokens, tokens, now)
+    if refusal is not None:
+        return refusal
     if limits.max_concurrent is not None and len(state.in_flight) + 1 > limits.max_concurrent:
         return "concurrency", 0.0
+    return None
+
+
+def _tpm_refusal(
+    limits: Limits, state: _ScopeState, tokens: int, growth: int, now: float
+) -> tuple[str, float] | None:
+    """A request of `tokens` in all, `growth` of them not reserved yet, against the TPM."""
+    if limits.tpm is None:
+        return None
+    if tokens > limits.tpm:
+        return "tpm", float(WINDOW_S)
+    used = state.tokens.total()
+    if growth > 0 and used + growth > limits.tpm:
+        return "tpm", state.tokens.wait_for(used + growth - limits.tpm, now)
     return None
 
 
@@ -129,6 +140,55 @@ class InProcessLimiter:
         self._reservations[request.request_id] = _Reservation(
             bucket, tokens, request.cost_micros, expires_at
         )
+
+    async def resize(self, request: AdmissionRequest) -> Decision:
+        now = self._clock()
+        states = [self._scopes.setdefault(name, _ScopeState()) for name, _ in request.scopes]
+        for state in states:
+            state.prune(now)
+        reason: str | None = None
+        refused_scope: str | None = None
+        retry = 0.0
+        reservation = self._reservations.get(request.request_id)
+        if reservation is not None and reservation.expires_at > now:
+            tokens = max(request.tokens, 0)
+            growth = tokens - reservation.tokens
+            for (name, limits), state in zip(request.scopes, states, strict=True):
+                refusal = _tpm_refusal(limits, state, tokens, growth, now)
+                if refusal is not None:
+                    (reason, retry), refused_scope = refusal, name
+                    break
+            budget = request.budget
+            if (reason is None and budget is not None
+                    and request.cost_micros > reservation.cost_micros
+                    and self._spent(budget, now) - reservation.cost_micros >= budget.cap_micros):
+                reason, refused_scope = "budget", budget.scope
+            if reason is None:
+                self._resize(request, states, reservation, tokens, now)
+        return make_decision(
+            scopes=request.scopes,
+            usage=[state.usage() for state in states],
+            now=now,
+            reason=reason,
+            refused_scope=refused_scope,
+            retry_after_s=retry,
+        )
+
+    def _resize(self, request: AdmissionRequest, states: list[_ScopeState],
+                reservation: _Reservation, tokens: int, now: float) -> None:
+        delta = tokens - reservation.tokens
+        for state in states:
+            if delta > 0:
+                state.tokens.add(reservation.bucket, delta)
+            else:
+                state.tokens.adjust(reservation.bucket, delta, now)
+        if request.budget is not None:
+            counter = self._live_counter(request.budget, now)
+            if counter is not None:
+                counter.micros = max(
+                    counter.micros + request.cost_micros - reservation.cost_micros, 0)
+        self._reservations[request.request_id] = _Reservation(
+            reservation.bucket, tokens, request.cost_micros, reservation.expires_at)
 
     async def settle(self, request: AdmissionRequest, *, tokens: int, cost_micros: int) -> None:
         now = self._clock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import parse_url
@@ -48,6 +49,13 @@ return 1
 """
 
 
+@dataclass(frozen=True)
+class _Scripts:
+    admit: AsyncScript
+    resize: AsyncScript
+    settle: AsyncScript
+
+
 class RedisLimiter:
     """Talks to Redis lazily; a failure or timeout never reaches the caller (fail open/closed)."""
 
@@ -71,12 +79,11 @@ class RedisLimiter:
         self._max_connections = max_connections
         self._outage = outage if outage is not None else OutageGuard()
         self._client: Redis | None = None
-        self._admit: AsyncScript | None = None
-        self._settle: AsyncScript | None = None
+        self._scripts: _Scripts | None = None
 
-    def _connect(self) -> tuple[Redis, AsyncScript, AsyncScript]:
+    def _connect(self) -> tuple[Redis, _Scripts]:
         """Build the client on first use (no I/O here: connections open on demand)."""
-        if self._client is None or self._admit is None or self._settle is None:
+        if self._client is None or self._scripts is None:
             pool = BlockingConnectionPool.from_url(
                 self._url,
                 max_connections=self._max_connections,  # beyond this, callers queue
@@ -86,19 +93,30 @@ class RedisLimiter:
                 retry=Retry(NoBackoff(), 0),  # the caller waits at most timeout_s, no retries
             )
             self._client = Redis.from_pool(pool)
-            self._admit = self._client.register_script(scripts.ADMIT)
-            self._settle = self._client.register_script(scripts.SETTLE)
-        return self._client, self._admit, self._settle
+            self._scripts = _Scripts(
+                admit=self._client.register_script(scripts.ADMIT),
+                resize=self._client.register_script(scripts.RESIZE),
+                settle=self._client.register_script(scripts.SETTLE),
+            )
+        return self._client, self._scripts
 
     async def admit(self, request: AdmissionRequest) -> Decision:
+        return await self._decide("admit", request)
+
+    async def resize(self, request: AdmissionRequest) -> Decision:
+        return await self._decide("resize", request)
+
+    async def _decide(self, action: str, request: AdmissionRequest) -> Decision:
+        """ADMIT or RESIZE: the same keys, arguments and reply."""
         if self._outage.is_down():
             return unavailable(fail_open=self._fail_open)
         keys, args = self._admit_call(request)
         try:
             async with asyncio.timeout(self._timeout_s):
-                reply = await self._connect()[1](keys=keys, args=args)
+                script = getattr(self._connect()[1], action)
+                reply = await script(keys=keys, args=args)
         except _BACKEND_ERRORS as error:
-            self._outage.failed("admit", error)
+            self._outage.failed(action, error)
             return unavailable(fail_open=self._fail_open)
         self._outage.recovered()
         return self._decode(request, reply)
@@ -114,7 +132,7 @@ class RedisLimiter:
         args = [len(request.scopes), request.request_id, max(tokens, 0), cost_micros, WINDOW_S]
         try:
             async with asyncio.timeout(self._timeout_s):
-                await self._connect()[2](keys=keys, args=args)
+                await self._connect()[1].settle(keys=keys, args=args)
         except _BACKEND_ERRORS as error:
             self._outage.failed("settle", error)  # the lease frees the slot later
 
@@ -150,7 +168,7 @@ class RedisLimiter:
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        self._admit = self._settle = None
+        self._scripts = None
         if client is not None:
             await client.aclose()
 

@@ -1,11 +1,11 @@
-"""The two Lua scripts of the Redis backend; each runs atomically on the server.
+"""The Lua scripts of the Redis backend; each runs atomically on the server.
 
 They use the server's clock (TIME), so every gateway process shares one notion of "now",
 and follow the bucket rule of ``window.py``: bucket ``b`` counts while ``now < b + window + 1``.
+ADMIT and RESIZE take the same keys and arguments and share their first part (`_COMMON`).
 """
 
-ADMIT = """
--- Admit one request against every scope and the budget: all checks, then all writes.
+_COMMON = """
 -- KEYS: per scope i: [3i-2] request buckets (hash), [3i-1] token buckets (hash),
 --       [3i] in-flight leases (zset, scored by expiry); then [3n+1] the reservation record,
 --       and [3n+2] the budget counter when there is a budget.
@@ -58,8 +58,31 @@ local function newest(live)
   return -1
 end
 
+-- A request of `tokens` in all, `growth` of them not reserved yet, against a TPM limit.
+local function tpm_refusal(tpm, growth, used, token_live)
+  if not tpm then return nil end
+  if tokens > tpm then return window end
+  if growth > 0 and used + growth > tpm then return wait_for(token_live, used + growth - tpm) end
+  return nil
+end
+
+local function reply(reason, refused, retry, usage)
+  local out = {reason == '' and 1 or 0, reason, refused, tostring(retry), tostring(now)}
+  for i = 1, n do
+    for _, value in ipairs(usage[i]) do out[#out + 1] = value end
+  end
+  return out
+end
+
 local reason, refused, retry = '', 0, 0
 local usage = {}
+local budget_key = KEYS[3 * n + 2]
+local window_ttl = window + 2
+"""
+
+ADMIT = _COMMON + """
+-- Admit one request against every scope and the budget: all checks, then all writes.
+local token_lives = {}
 for i = 1, n do
   local rpm = tonumber(ARGV[6 + 3 * i])
   local tpm = tonumber(ARGV[7 + 3 * i])
@@ -70,26 +93,23 @@ for i = 1, n do
   local busy = redis.call('ZCARD', KEYS[3 * i])
   usage[i] = {requests, newest(request_live), used, newest(token_live)}
   if reason == '' then
+    local tpm_wait = tpm_refusal(tpm, tokens, used, token_live)
     if rpm and requests + 1 > rpm then
       reason, refused, retry = 'rpm', i, wait_for(request_live, requests + 1 - rpm)
-    elseif tpm and tokens > tpm then
-      reason, refused, retry = 'tpm', i, window
-    elseif tpm and used + tokens > tpm then
-      reason, refused, retry = 'tpm', i, wait_for(token_live, used + tokens - tpm)
+    elseif tpm_wait then
+      reason, refused, retry = 'tpm', i, tpm_wait
     elseif max_concurrent and busy + 1 > max_concurrent then
       reason, refused = 'concurrency', i
     end
   end
 end
 
-local budget_key = KEYS[3 * n + 2]
 if reason == '' and budget_key then
   local spent = tonumber(redis.call('GET', budget_key) or '0')
   if spent >= tonumber(ARGV[7]) then reason = 'budget' end
 end
 
 if reason == '' then
-  local window_ttl = window + 2
   local lease_ttl = math.ceil(lease)
   for i = 1, n do
     redis.call('HINCRBY', KEYS[3 * i - 2], second, 1)
@@ -115,12 +135,51 @@ if reason == '' then
   redis.call('HSET', record, 'b', second, 't', tokens, 'c', cost)
   redis.call('EXPIRE', record, lease_ttl)
 end
+return reply(reason, refused, retry, usage)
+"""
 
-local reply = {reason == '' and 1 or 0, reason, refused, tostring(retry), tostring(now)}
+RESIZE = _COMMON + """
+-- Replace an admitted request's reservation with exact figures: growth must fit every
+-- scope's TPM and a budget not used up by everything else; refused, nothing is written.
+-- Without a reservation record (admitted unchecked, or its lease ran out) it is admitted.
+local record = redis.call('HMGET', KEYS[3 * n + 1], 'b', 't', 'c')
+local bucket, held, held_cost = tonumber(record[1]), tonumber(record[2]), tonumber(record[3])
+local growth = bucket and tokens - held or 0
 for i = 1, n do
-  for _, value in ipairs(usage[i]) do reply[#reply + 1] = value end
+  local requests, request_live = load(KEYS[3 * i - 2])
+  local used, token_live = load(KEYS[3 * i - 1])
+  usage[i] = {requests, newest(request_live), used, newest(token_live)}
+  if reason == '' and bucket then
+    local tpm_wait = tpm_refusal(tonumber(ARGV[7 + 3 * i]), growth, used, token_live)
+    if tpm_wait then reason, refused, retry = 'tpm', i, tpm_wait end
+  end
 end
-return reply
+if not bucket then return reply(reason, refused, retry, usage) end
+
+if reason == '' and budget_key and cost > held_cost then
+  local spent = tonumber(redis.call('GET', budget_key) or '0')
+  if spent - held_cost >= tonumber(ARGV[7]) then reason = 'budget' end
+end
+
+if reason == '' then
+  for i = 1, n do
+    local key = KEYS[3 * i - 1]
+    if growth > 0 then
+      redis.call('HINCRBY', key, bucket, growth)
+      redis.call('EXPIRE', key, window_ttl)
+      usage[i][3] = usage[i][3] + growth
+    elseif growth < 0 and redis.call('HEXISTS', key, bucket) == 1 then
+      if redis.call('HINCRBY', key, bucket, growth) <= 0 then redis.call('HDEL', key, bucket) end
+      usage[i][3] = math.max(usage[i][3] + growth, 0)
+    end
+  end
+  if budget_key and redis.call('EXISTS', budget_key) == 1 then
+    local left = redis.call('INCRBY', budget_key, cost - held_cost)
+    if left < 0 then redis.call('INCRBY', budget_key, -left) end
+  end
+  redis.call('HSET', KEYS[3 * n + 1], 't', tokens, 'c', cost)
+end
+return reply(reason, refused, retry, usage)
 """
 
 SETTLE = """

@@ -61,6 +61,16 @@ class Limiter(Protocol):
         """Check every scope and the budget together; reserve everywhere or nowhere."""
         ...
 
+    async def resize(self, request: AdmissionRequest) -> Decision:
+        """Replace an admitted request's reservation with `request.tokens` and
+        `request.cost_micros` (its exact figures, once its prompt is tokenized), atomically.
+
+        Growth must fit as a new admission would: every scope's TPM, and a budget not used up
+        by everything else reserved and spent. Refused, nothing changes (settle it with 0 to
+        give the first reservation back); shrinking always fits. A request with no live
+        reservation (admitted unchecked while the backend was down) is admitted as it is."""
+        ...
+
     async def settle(self, request: AdmissionRequest, *, tokens: int, cost_micros: int) -> None:
         """Call once per admitted request when it ends: free its slot, refund unused reservation."""
         ...
