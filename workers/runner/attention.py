@@ -30,8 +30,8 @@ reused buffer) before SDPA, and the C decode kernel reads the int8 rows in place
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -114,6 +114,21 @@ class GatherWorkspace:
 
 
 @dataclass
+class _Batch:
+    """What `build_metadata` was given: a layer with a sliding window or soft-capping gets its
+    own metadata from it (`AttentionMetadata.for_layer`)."""
+
+    seqs: Sequence[tuple[int, int, list[int]]]
+    block_size: int
+    num_kv_heads: int
+    group: int
+    device: torch.device
+    dtype: torch.dtype
+    num_decodes: int
+    longest: int  # the longest context in the batch, its own tokens included
+
+
+@dataclass
 class AttentionMetadata:
     write_rows: torch.Tensor  # [num_tokens * kv_heads] each new token's rows in the flat pool
     decode_groups: list[DecodeGroup]
@@ -121,12 +136,74 @@ class AttentionMetadata:
     decode_batch: DecodeBatch | None = None
     workspace: GatherWorkspace | None = None  # None: a fresh one for this call
     prefill_kernel: str = "masked"  # `amx`, `vec`: every prefill chunk through one C kernel
+    batch: _Batch | None = None
+    # (window, soft-capped) -> the metadata of layers that attend that way, built once a step
+    variants: dict[tuple[int | None, bool], AttentionMetadata] = field(default_factory=dict)
+    window: int | None = None  # the window this metadata's pieces and masks were cut to
+
+    def for_layer(self, window: int | None, softcap: float | None) -> AttentionMetadata:
+        """The metadata of a layer that attends within `window` positions and/or soft-caps
+        its scores: itself where neither changes anything for this batch (no context passes
+        the window), else a variant built once per step and shared by every such layer.
+
+        A variant reads fewer blocks: decode groups and prefill chunks gather only the blocks
+        that hold a position some query of theirs sees, and their masks are cut to the
+        window. The decode kernels take `window` and `softcap` themselves. The rule for
+        soft-capping is here and only here: the fused prefill kernels (`flash`, `vec`,
+        `amx`) do not soft-cap, so a soft-capped layer's prefill chunks take `masked`.
+        """
+        batch = self.batch
+        if batch is None:
+            raise ValueError("a sliding window or soft-capping needs metadata from "
+                             "build_metadata")
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window must be at least 1 position, not {window}")
+        if window is not None and window >= batch.longest:
+            window = None  # every query already sees its whole context
+        key = (window, softcap is not None)
+        if key == (None, False):
+            return self
+        variant = self.variants.get(key)
+        if variant is None:
+            kernel = _prefill_kernel_for(self.prefill_kernel, window, softcap)
+            decodes = batch.seqs[: batch.num_decodes]
+            decode_batch, groups = self.decode_batch, self.decode_groups
+            if decode_batch is not None and not _decode_kernel_takes(decode_batch.kernel,
+                                                                     window, softcap):
+                decode_batch, groups = None, _decode_groups(decodes, batch, window)
+            elif decode_batch is None and window is not None:
+                groups = _decode_groups(decodes, batch, window)
+            prefills = self.prefills
+            if window is not None or softcap is not None or kernel != self.prefill_kernel:
+                prefills = _prefill_chunks(batch.seqs[batch.num_decodes:], batch.num_decodes,
+                                           batch, kernel, window, softcap is not None)
+            variant = AttentionMetadata(
+                write_rows=self.write_rows, decode_groups=groups, prefills=prefills,
+                decode_batch=decode_batch, workspace=self.workspace, prefill_kernel=kernel,
+                batch=batch, window=window)
+            self.variants[key] = variant
+        return variant
 
 
 # How prefill chunks after cached context are served (attention_backend.pick_prefill_attention).
 PREFILL_KERNELS = ("flash", "masked", "amx", "vec")
 # The kernels that take every chunk whole, cached context or not, in one call.
 _CHUNK_KERNELS = {"amx": amx_prefill.prefill_attention, "vec": vec_prefill.prefill_attention}
+
+
+def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) -> str:
+    """Which prefill kernel serves a layer with this window and soft-capping: the one place
+    that routes a layer away from a kernel that cannot serve it. No fused prefill kernel
+    soft-caps, so soft-capped layers take `masked`."""
+    if softcap is not None or window is not None:
+        return "masked"
+    return kernel
+
+
+def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None) -> bool:
+    """Whether an in-place decode kernel serves a layer with this window and soft-capping
+    (else its decode rows take the torch groups)."""
+    return window is None and softcap is None
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
 # short contexts are not padded to the longest one in the batch.
@@ -143,50 +220,28 @@ def build_metadata(
     `decode_kernel` ("triton" or "cpu"), decode rows get one `DecodeBatch` for it instead of
     SDPA groups. `prefill_kernel` ("flash" or "masked") serves chunks after cached context.
 
+    This is the metadata of layers that see their whole context; a layer with a sliding
+    window or soft-capping asks it for its own (`AttentionMetadata.for_layer`).
+
     Masks are additive (0 / -inf) in the model dtype: SDPA is faster with them than with
     boolean masks on CPU.
     """
     bs = block_size
+    if prefill_kernel not in PREFILL_KERNELS:
+        raise ValueError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
     slots: list[int] = []
     for start, q_len, table in seqs:
         slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + q_len))
     num_decodes = sum(1 for _, q_len, _ in seqs if q_len == 1)
+    batch = _Batch(seqs, bs, num_kv_heads, group, device, dtype, num_decodes,
+                   max((start + q_len for start, q_len, _ in seqs), default=0))
     decodes = seqs[:num_decodes]
     decode_batch = None
     if decode_kernel and decodes:
         decode_batch = _decode_batch(decode_kernel, decodes, bs, device)
-    groups = []
-    for first in range(0, 0 if decode_kernel else num_decodes, DECODE_GROUP_ROWS):
-        rows = decodes[first : first + DECODE_GROUP_ROWS]
-        lens = [start + 1 for start, _, _ in rows]
-        width = -(-max(lens) // bs)
-        padded = _padded_tables(rows, width, torch.long)
-        visible = torch.arange(width * bs).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
-        groups.append(
-            DecodeGroup(
-                row_start=first,
-                num_rows=len(rows),
-                pieces=_pieces(padded, num_kv_heads).to(device, non_blocking=True),
-                mask=_additive(visible[:, None, None, :], dtype).to(device, non_blocking=True),
-            )
-        )
-    if prefill_kernel not in PREFILL_KERNELS:
-        raise ValueError(f"prefill_kernel must be one of {', '.join(PREFILL_KERNELS)}")
-    prefills, q_start = [], num_decodes
-    for start, q_len, table in seqs[num_decodes:]:
-        if start == 0:
-            prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
-        elif prefill_kernel in ("flash", *_CHUNK_KERNELS):
-            blocks = torch.tensor([table[: -(-start // bs)]], dtype=torch.long)
-            pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
-            prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None, cached=start))
-        else:
-            blocks = torch.tensor([table[: -(-(start + q_len) // bs)]], dtype=torch.long)
-            pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
-            visible = causal_mask(start, q_len, group, torch.device("cpu"))
-            mask = _additive(visible, dtype).to(device, non_blocking=True)
-            prefills.append(PrefillChunk(q_start, q_len, pieces, mask, cached=start))
-        q_start += q_len
+    groups = [] if decode_kernel else _decode_groups(decodes, batch, None)
+    prefills = _prefill_chunks(seqs[num_decodes:], num_decodes, batch, prefill_kernel, None,
+                               False)
     slot = torch.tensor(slots, dtype=torch.long)
     write_rows = ((slot // bs * num_kv_heads * bs + slot % bs)[:, None]
                   + torch.arange(num_kv_heads) * bs).flatten()
@@ -197,7 +252,80 @@ def build_metadata(
         decode_batch=decode_batch,
         workspace=workspace,
         prefill_kernel=prefill_kernel,
+        batch=batch,
     )
+
+
+def first_visible(pos: int, window: int | None) -> int:
+    """The first position a query at `pos` attends to: HF's sliding window keeps key j for
+    query i where `j > i - window` (transformers' `sliding_window_overlay`), so a window of
+    w is the w most recent positions, the query's own included."""
+    return 0 if window is None else max(0, pos - window + 1)
+
+
+def _decode_groups(
+    decodes: Sequence[tuple[int, int, list[int]]], batch: _Batch, window: int | None,
+) -> list[DecodeGroup]:
+    """SDPA groups of decode rows; with a window each row's table starts at the block of its
+    first visible position, so blocks wholly before the window are not gathered."""
+    bs = batch.block_size
+    groups = []
+    for first in range(0, len(decodes), DECODE_GROUP_ROWS):
+        rows = decodes[first : first + DECODE_GROUP_ROWS]
+        lens = [start + 1 for start, _, _ in rows]
+        skip = [first_visible(start, window) // bs for start, _, _ in rows]  # blocks not read
+        width = max(-(-n // bs) - s for n, s in zip(lens, skip, strict=True))
+        padded = _padded_tables([(0, 0, table[s:]) for (_, _, table), s
+                                 in zip(rows, skip, strict=True)], width, torch.long)
+        ar = torch.arange(width * bs).unsqueeze(0)
+        offset = torch.tensor(skip).unsqueeze(1) * bs
+        visible = ar < torch.tensor(lens).unsqueeze(1) - offset
+        if window is not None:
+            visible &= ar >= torch.tensor(lens).unsqueeze(1) - window - offset
+        groups.append(
+            DecodeGroup(
+                row_start=first,
+                num_rows=len(rows),
+                pieces=_pieces(padded, batch.num_kv_heads).to(batch.device, non_blocking=True),
+                mask=_additive(visible[:, None, None, :], batch.dtype).to(batch.device,
+                                                                           non_blocking=True),
+            )
+        )
+    return groups
+
+
+def _prefill_chunks(
+    chunks: Sequence[tuple[int, int, list[int]]], q_start: int, batch: _Batch, kernel: str,
+    window: int | None, softcapped: bool,
+) -> list[PrefillChunk]:
+    """The prefill chunks' pieces (and masks, for `masked`). With a window, a chunk's gather
+    starts at the block of its first query's first visible position, and `cached` counts the
+    gathered positions before the chunk (not all of them). A `masked` chunk at 0 runs on its
+    own K/V with no mask, unless the window cuts it or its scores are soft-capped."""
+    bs, num_kv_heads, device = batch.block_size, batch.num_kv_heads, batch.device
+    prefills = []
+    for start, q_len, table in chunks:
+        skip = first_visible(start, window) // bs  # whole blocks before the window
+        base = skip * bs
+        if kernel != "masked":
+            if start == 0:
+                prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
+            else:
+                blocks = torch.tensor([table[skip : -(-start // bs)]], dtype=torch.long)
+                pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
+                prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None,
+                                             cached=start - base))
+        elif start == 0 and (window is None or q_len <= window) and not softcapped:
+            prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
+        else:  # the pool holds the chunk's own K/V too: gather through its last position
+            blocks = torch.tensor([table[skip : -(-(start + q_len) // bs)]], dtype=torch.long)
+            pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
+            visible = causal_mask(start, q_len, batch.group, torch.device("cpu"),
+                                  window=window, key_start=base)
+            mask = _additive(visible, batch.dtype).to(device, non_blocking=True)
+            prefills.append(PrefillChunk(q_start, q_len, pieces, mask, cached=start - base))
+        q_start += q_len
+    return prefills
 
 
 def _decode_batch(
@@ -258,8 +386,22 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     block_size: int,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled."""
+    """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled.
+
+    `window`: a sliding window, HF's `sliding_window` (Mistral, Gemma 2 and 3): a query at
+    position i attends to positions j with `i - window < j <= i`, the `window` most recent
+    positions its own included (`first_visible`); None attends to the whole context.
+    `softcap`: attention logit soft-capping (Gemma 2), `scores = tanh(scores / softcap) *
+    softcap` on the scaled scores before the softmax; None leaves them as they are.
+    Every path honours both, or `AttentionMetadata.for_layer` routes the layer to one that
+    does.
+    """
+    meta = meta.for_layer(window, softcap)
+    window = meta.window  # None where no context of this batch passes the window
     parts = []
     if meta.decode_batch is not None:
         batch = meta.decode_batch
@@ -274,7 +416,7 @@ def paged_attention(
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
-        parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale))
+        parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale, softcap))
     whole = _CHUNK_KERNELS.get(meta.prefill_kernel)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
@@ -291,7 +433,7 @@ def paged_attention(
                          else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
                                                      scale))
         else:
-            parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale))
+            parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale, softcap))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -304,8 +446,20 @@ def _decode_kernel(name: str) -> Callable[..., torch.Tensor]:
     return paged_decode
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+            scale: float, softcap: float | None) -> torch.Tensor:
+    """SDPA with an additive mask; with soft-capping, the same written out (SDPA has no
+    hook between the scores and the softmax), in float32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale / softcap)
+    scores = scores.tanh_().mul_(softcap).add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+
+
 def _decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: DecodeGroup, scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """k, v: the group's gathered pieces, [rows * kv_heads * blocks * block_size, dim]."""
     batch, num_heads, head_dim = q.shape
@@ -314,7 +468,7 @@ def _decode(
     v = v.view(batch, -1, context, head_dim)
     num_kv_heads = k.shape[1]
     qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=group.mask, scale=scale)
+    o = _attend(qg, k, v, group.mask, scale, softcap)
     return o.reshape(batch, num_heads, head_dim)
 
 
@@ -326,16 +480,23 @@ def _prefill_fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
     return o[0].transpose(0, 1)
 
 
-def causal_mask(start_pos: int, q_len: int, group: int, device: torch.device) -> torch.Tensor:
-    """Query i (position start_pos + i) sees positions <= its own; tiled for each group row."""
+def causal_mask(start_pos: int, q_len: int, group: int, device: torch.device, *,
+                window: int | None = None, key_start: int = 0) -> torch.Tensor:
+    """Query i (position start_pos + i) sees positions <= its own (and, with a `window`,
+    greater than its own - window); keys are positions key_start .. start_pos + q_len - 1.
+    Tiled for each group row."""
     ctx = start_pos + q_len
-    query_pos = torch.arange(start_pos, ctx, device=device)
-    mask = torch.arange(ctx, device=device)[None, :] <= query_pos[:, None]
+    query_pos = torch.arange(start_pos, ctx, device=device)[:, None]
+    key_pos = torch.arange(key_start, ctx, device=device)[None, :]
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
     return mask.repeat(group, 1)
 
 
 def _prefill_cached(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """k, v: the gathered context, [kv_heads * whole blocks, dim]; the mask cuts it short."""
     q_len, num_heads, head_dim = q.shape
@@ -346,33 +507,45 @@ def _prefill_cached(
     # [q_len, kvh*group, d] -> [kvh, group*q_len, d]: row r of a group is query r % q_len.
     qg = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * q_len, head_dim)
-    o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    o = _attend(qg, k, v, mask, scale, softcap)
     o = o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
     return o.reshape(q_len, num_heads, head_dim)
 
 
 def reference_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    seqs: list[tuple[int, int, int, list[int]]], block_size: int, scale: float,
+    seqs: list[tuple[int, int, int, list[int]]], block_size: int, scale: float, *,
+    window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
-    """Plain per-sequence, per-head softmax attention in float32: the yardstick for tests.
+    """Plain per-sequence, per-head softmax attention in float64: the yardstick for tests.
 
-    `seqs` holds (q_start, q_len, start_pos, block_table) for each sequence of the batch.
+    `seqs` holds (q_start, q_len, start_pos, block_table) for each sequence of the batch;
+    `window` and `softcap` as `paged_attention` takes them, applied to the whole context.
     """
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
     for q_start, q_len, start_pos, block_table in seqs:
         ctx = start_pos + q_len
         # [ctx, kv_heads, dim], one position at a time: no shortcut shared with the fast path
-        k = torch.stack([k_cache[block_table[p // block_size], :, p % block_size]
-                         for p in range(ctx)]).float()
-        v = torch.stack([v_cache[block_table[p // block_size], :, p % block_size]
-                         for p in range(ctx)]).float()
-        for i in range(q_len):
-            visible = start_pos + i + 1
-            for h in range(q.shape[1]):
-                kv_head = h // group
-                scores = (k[:visible, kv_head] @ q[q_start + i, h].float()) * scale
-                weights = torch.softmax(scores, dim=0)
-                out[q_start + i, h] = (weights @ v[:visible, kv_head]).to(q.dtype)
+        k = torch.stack([dequantized(k_cache[block_table[p // block_size], :, p % block_size])
+                         for p in range(ctx)]).double()
+        v = torch.stack([dequantized(v_cache[block_table[p // block_size], :, p % block_size])
+                         for p in range(ctx)]).double()
+        k = k.repeat_interleave(group, dim=1)  # [ctx, heads, dim]
+        v = v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q_start : q_start + q_len].double(), k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        pos = torch.arange(start_pos, ctx)[:, None]  # each query's position
+        keys = torch.arange(ctx)[None, :]
+        visible = keys <= pos
+        if window is not None:
+            visible &= keys > pos - window
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        out[q_start : q_start + q_len] = torch.einsum("hqk,khd->qhd", weights, v).to(q.dtype)
     return out
+
+
+def dequantized(rows: torch.Tensor) -> torch.Tensor:
+    """Pool rows as floats: int8 rows (`kv_quant`) dequantized, others as they are."""
+    return dequantize_rows(rows, torch.float32) if is_quantized(rows) else rows

@@ -1,0 +1,132 @@
+"""Sliding windows and soft-capping in every attention path, against a dense reference.
+
+The reference (`reference_attention`) is a masked softmax over the whole context in float64:
+a query at position i sees positions j with i - window < j <= i (HF's `sliding_window`).
+Contexts are shorter than, equal to and past the window, for decode rows and prefill chunks
+(at 0, straddling the window's edge, starting past it, longer than it), with GQA groups and
+several block sizes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workers.runner.attention import (
+    build_metadata,
+    first_visible,
+    paged_attention,
+    reference_attention,
+    write_kv,
+)
+
+CPU = torch.device("cpu")
+
+# (start, q_len): decodes of contexts 3, 8, 9, 13, 40 and prefill chunks at 0 (shorter than,
+# equal to and longer than a window of 8), straddling its edge, past it, longer than it
+DECODES = [(2, 1), (7, 1), (8, 1), (12, 1), (39, 1)]
+CHUNKS = [(0, 5), (0, 8), (0, 21), (5, 10), (30, 6), (12, 20)]
+
+
+def build(seqs, *, num_heads=6, num_kv_heads=2, head_dim=8, block=4, dtype=torch.float32,
+          seed=0):
+    """seqs: (start_pos, q_len) in the runner's order (decodes by context first). Blocks are
+    handed out shuffled so tables are not contiguous."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = sum(-(-(s + n) // block) for s, n in seqs) + 4
+    k_cache = torch.randn(blocks, num_kv_heads, block, head_dim, generator=g)
+    v_cache = torch.randn(blocks, num_kv_heads, block, head_dim, generator=g)
+    free = torch.randperm(blocks, generator=g).tolist()
+    batch = [(start, q_len, [free.pop() for _ in range(-(-(start + q_len) // block))])
+             for start, q_len in seqs]
+    tokens = sum(q_len for _, q_len, _ in batch)
+    q, k, v = (torch.randn(tokens, h, head_dim, generator=g) * 2
+               for h in (num_heads, num_kv_heads, num_kv_heads))
+    return [t.to(dtype) for t in (q, k, v, k_cache, v_cache)], batch
+
+
+def layout(batch):
+    rows, q_start = [], 0
+    for start, q_len, table in batch:
+        rows.append((q_start, q_len, start, table))
+        q_start += q_len
+    return rows
+
+
+def run(tensors, batch, *, block=4, window=None, softcap=None, decode="torch",
+        prefill="masked", device=CPU):
+    q, k, v, k_cache, v_cache = (t.to(device) for t in tensors)
+    group = q.shape[1] // k_cache.shape[1]
+    meta = build_metadata(batch, block, k_cache.shape[1], group, device, q.dtype,
+                          decode_kernel=None if decode == "torch" else decode,
+                          prefill_kernel=prefill)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, q.shape[-1] ** -0.5, block,
+                          window=window, softcap=softcap)
+    ref = reference_attention(q.cpu(), k_cache.cpu(), v_cache.cpu(), layout(batch), block,
+                              q.shape[-1] ** -0.5, window=window, softcap=softcap)
+    return out.cpu(), ref
+
+
+def test_first_visible_matches_transformers_sliding_window():
+    """HF's mask keeps key j for query i where j > i - window (and j <= i)."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    mask = sliding_window_causal_mask_function(3)
+    for i in range(8):
+        seen = [j for j in range(8) if mask(0, 0, torch.tensor(i), torch.tensor(j))]
+        assert seen == list(range(first_visible(i, 3), i + 1))
+    assert first_visible(2, None) == 0
+
+
+@pytest.mark.parametrize("window", [1, 5, 8, 12, 100])
+@pytest.mark.parametrize("block", [4, 16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (4, 4), (8, 1)])
+def test_torch_paths_honour_the_window(window, block, num_heads, num_kv_heads):
+    tensors, batch = build(DECODES + CHUNKS, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                           block=block)
+    out, ref = run(tensors, batch, block=block, window=window)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_torch_paths_soft_cap(window):
+    tensors, batch = build(DECODES + CHUNKS)
+    out, ref = run(tensors, batch, window=window, softcap=3.0)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    plain, _ = run(tensors, batch, window=window)
+    assert not torch.allclose(out, plain, atol=1e-3)  # the cap did something
+
+
+def kernel_params(decode, prefill):
+    """Shapes the kernels take: heads of 64 for the C prefill kernels, bfloat16 for AMX."""
+    head_dim = 64 if prefill in ("vec", "amx") else 16
+    dtype = torch.bfloat16 if prefill == "amx" else torch.float32
+    return head_dim, dtype
+
+
+def skip_unless_runs(decode, prefill):
+    from workers.runner import amx_prefill, cpu_decode, vec_prefill
+
+    if decode == "cpu" and not cpu_decode.available():
+        pytest.skip("the C decode kernel does not build here")
+    if prefill == "vec" and not vec_prefill.fits(torch.float32, 64, CPU):
+        pytest.skip("no AVX-512 or AVX2 for the vector prefill kernel")
+    if prefill == "amx" and not amx_prefill.fits(torch.bfloat16, 64, CPU):
+        pytest.skip("no AMX here")
+
+
+@pytest.mark.parametrize("softcap", [None, 2.5])
+@pytest.mark.parametrize("window", [1, 8, 13])
+@pytest.mark.parametrize(("decode", "prefill"), [("cpu", "flash"), ("cpu", "vec"),
+                                                 ("cpu", "amx"), ("torch", "flash")])
+def test_kernel_paths_honour_window_and_softcap(decode, prefill, window, softcap):
+    skip_unless_runs(decode, prefill)
+    head_dim, dtype = kernel_params(decode, prefill)
+    for block, (heads, kv_heads) in [(4, (6, 2)), (16, (8, 1))]:
+        tensors, batch = build(DECODES + CHUNKS, num_heads=heads, num_kv_heads=kv_heads,
+                               head_dim=head_dim, block=block, dtype=dtype)
+        out, ref = run(tensors, batch, block=block, window=window, softcap=softcap,
+                       decode=decode, prefill=prefill)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
