@@ -202,8 +202,8 @@ def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) 
 
 def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None) -> bool:
     """Whether an in-place decode kernel serves a layer with this window and soft-capping
-    (else its decode rows take the torch groups)."""
-    return window is None and softcap is None
+    (else its decode rows take the torch groups): both kernels take both."""
+    return kernel in ("cpu", "triton")
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
 # short contexts are not padded to the longest one in the batch.
@@ -407,7 +407,7 @@ def paged_attention(
         batch = meta.decode_batch
         kernel = _decode_kernel(batch.kernel)
         parts.append(kernel(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
-                            batch.seq_lens, scale, block_size))
+                            batch.seq_lens, scale, block_size, window=window, softcap=softcap))
     workspace = meta.workspace or GatherWorkspace()
 
     def gather(name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     lib = cbuild.build_and_load("paged_decode", "CPU decode kernel", march)
     lib.paged_decode.restype = ctypes.c_int
     lib.paged_decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_float] + [ctypes.c_int] * 3
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_float] + [ctypes.c_int] * 4 + [ctypes.c_float]
     return lib
 
 
@@ -64,11 +64,16 @@ def available() -> bool:
 def paged_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
-    *, plain: bool = False, march: str = "native",
+    *, window: int | None = None, softcap: float | None = None, plain: bool = False,
+    march: str = "native",
 ) -> torch.Tensor:
     """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
     The pool is float32 or bfloat16 like q, or int8 rows with their scales (`kv_quant`) for a
     float32 q, read in place; the output has q's dtype.
+
+    `window`: each row attends to its last `window` positions, its own included (HF's
+    sliding window, `attention.first_visible`); the blocks before them are not read.
+    `softcap`: scores become `softcap * tanh(scores / softcap)` before the softmax.
 
     `plain` forces the portable loops where the build has AVX-512; `march` picks another
     build target (tests cover them all)."""
@@ -87,7 +92,8 @@ def paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),
         rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
-        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), kind)
+        q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), kind,
+        window or 0, softcap or 0.0)
     if status != 0:
         raise ValueError("shape past the CPU decode kernel's limits "
                          f"(group <= {MAX_GROUP}, head_dim <= {MAX_DIM}, block <= {MAX_BLOCK})")

@@ -130,3 +130,47 @@ def test_kernel_paths_honour_window_and_softcap(decode, prefill, window, softcap
                        decode=decode, prefill=prefill)
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
         torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("pool", ["float32", "bfloat16", "int8"])
+def test_cpu_decode_kernel_window_and_softcap_on_every_build_and_pool(pool):
+    """Each build target (AVX-512 with its grouped blocks, AVX2, the portable loops) and pool
+    type: the walk starts mid-block at len - window, and soft-capped scores."""
+    from tests.workers.runner.conftest import build_targets
+    from workers.runner import cpu_decode
+    from workers.runner.kv_quant import quantize_rows
+
+    skip_unless_runs("cpu", "masked")
+    dtype = torch.bfloat16 if pool == "bfloat16" else torch.float32
+    for head_dim, (heads, kv_heads), block in [(64, (8, 2), 16), (24, (6, 1), 4)]:
+        tensors, batch = build(DECODES, num_heads=heads, num_kv_heads=kv_heads,
+                               head_dim=head_dim, block=block, dtype=dtype)
+        q, _, _, k_cache, v_cache = tensors
+        if pool == "int8":
+            k_cache, v_cache = (quantize_rows(c.view(-1, head_dim)).view(*c.shape[:3], -1)
+                                for c in (k_cache, v_cache))
+        tables = torch.zeros(len(batch), max(len(t) for *_, t in batch), dtype=torch.int32)
+        for r, (*_, table) in enumerate(batch):
+            tables[r, : len(table)] = torch.tensor(table)
+        lens = torch.tensor([s + 1 for s, *_ in batch], dtype=torch.int32)
+        scale = head_dim**-0.5
+        for window, softcap in [(1, None), (5, None), (16, 2.0), (None, 2.0)]:
+            ref = reference_attention(q, k_cache, v_cache, layout(batch), block, scale,
+                                      window=window, softcap=softcap)
+            for march in build_targets():
+                for plain in (False, True) if march == "native" else (False,):
+                    out = cpu_decode.paged_decode(q, k_cache, v_cache, tables, lens, scale,
+                                                  block, window=window, softcap=softcap,
+                                                  plain=plain, march=march)
+                    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+                    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (8, 2.5)])
+def test_triton_decode_kernel_honours_window_and_softcap(window, softcap):
+    """In Triton's interpreter on CPU (tiny: it is slow), on the GPU where there is one."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tensors, batch = build(DECODES, num_heads=4, num_kv_heads=2, head_dim=16, block=4)
+    out, ref = run(tensors, batch, window=window, softcap=softcap, decode="triton",
+                   device=device)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -14,6 +14,11 @@
  * head_dim 64 or 128 and GQA groups of up to 4 a block is done for the whole group at once
  * (`block_grouped`); otherwise plain loops the compiler vectorizes.
  *
+ * A sliding window (`window` > 0) starts each row's walk at position len - window, in the
+ * middle of a block where it falls there: the blocks before it are never read. Soft-capping
+ * (`softcap` > 0, Gemma 2) maps each block's scores through softcap * tanh(s / softcap)
+ * before they enter the softmax.
+ *
  * Built at run time by workers/runner/cpu_decode.py with the flags in cbuild.FLAGS.
  */
 #include <math.h>
@@ -73,6 +78,19 @@ static inline __attribute__((always_inline)) float softmax_block(float *s, int n
     *m = mx;
     *l = *l * correction + exp_shifted(s, mx, n);
     return correction;
+}
+
+/* s[t] = cap * tanh(s[t] / cap), with tanh from the vectorized exp: tanh|x| = (1 - e) / (1 + e),
+ * e = exp(-2|x|) <= 1, so exp_nonpositive serves (to a few float32 ulp of the cap). */
+static inline __attribute__((always_inline)) void softcap_scores(float *s, int n, float cap) {
+    const float inv = 1.0f / cap;
+#pragma omp simd
+    for (int t = 0; t < n; t++) {
+        const float x = s[t] * inv;
+        const float e = exp_nonpositive(-2.0f * fabsf(x));
+        const float th = (1.0f - e) / (1.0f + e);
+        s[t] = x < 0.0f ? -cap * th : cap * th;
+    }
 }
 
 static void scores_plain(const float *qg, const float *kb, int n, int dim, float *s) {
@@ -218,7 +236,7 @@ static inline __attribute__((always_inline)) __m512 load16(const char *p, int bf
  * column loops unroll and the query chunks stay in registers. */
 static inline __attribute__((always_inline)) void block_grouped(
     float (*qs)[MAX_DIM], float (*acc)[MAX_DIM], float *m, float *l, const char *kh,
-    const char *vh, int n, const int DIM, const int G, const int bf) {
+    const char *vh, int n, const int DIM, const int G, const int bf, float cap) {
     const int es = bf ? 2 : 4;
     float s[4][MAX_BLOCK];
     for (int t = 0; t < n; t++) {
@@ -231,6 +249,8 @@ static inline __attribute__((always_inline)) void block_grouped(
         }
         for (int r = 0; r < G; r++) s[r][t] = _mm512_reduce_add_ps(a[r]);
     }
+    if (cap > 0.0f)
+        for (int r = 0; r < G; r++) softcap_scores(s[r], n, cap);
     float corr[4];
     for (int r = 0; r < G; r++) corr[r] = softmax_block(s[r], n, &m[r], &l[r]);
     for (int c = 0; c < DIM; c += 64) {
@@ -256,15 +276,16 @@ static inline __attribute__((always_inline)) void block_grouped(
 #define GROUPED_CASE(DIM, G)                                                                 \
     case G:                                                                                  \
         if (bf)                                                                              \
-            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 1);                              \
+            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 1, cap);                         \
         else                                                                                 \
-            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 0);                              \
+            block_grouped(qs, acc, m, l, kh, vh, n, DIM, G, 0, cap);                         \
         return 1;
 
 /* block_grouped for the shapes it is instantiated for (head_dim 64 or 128, groups of 1-4);
  * returns 0, doing nothing, for any other. */
 static int block_grouped_any(float (*qs)[MAX_DIM], float (*acc)[MAX_DIM], float *m, float *l,
-                             const char *kh, const char *vh, int n, int dim, int group, int bf) {
+                             const char *kh, const char *vh, int n, int dim, int group, int bf,
+                             float cap) {
     if (dim == 64) {
         switch (group) { GROUPED_CASE(64, 1) GROUPED_CASE(64, 2) GROUPED_CASE(64, 3)
                          GROUPED_CASE(64, 4) }
@@ -321,7 +342,7 @@ static void widen_block(const bf16 *src, int n, int dim, float *dst) {
 static inline __attribute__((always_inline)) void decode_task(
     const void *q, const char *k, const char *v, void *out, const int32_t *table, int len,
     int heads, int group, int dim, int block_size, int64_t block_stride, int kind, float scale,
-    int wide, float *kf, float *vf) {
+    int wide, int window, float cap, float *kf, float *vf) {
     float qs[MAX_ROWS][MAX_DIM];
     float acc[MAX_ROWS][MAX_DIM];
     float m[MAX_ROWS], l[MAX_ROWS];
@@ -343,9 +364,12 @@ static inline __attribute__((always_inline)) void decode_task(
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-    for (int start = 0, b = 0; start < len; start += block_size, b++) {
-        const int64_t base = (int64_t)table[b] * block_stride;
-        const int n = len - start < block_size ? len - start : block_size;
+    /* the first position the row sees: len - window with a window, else 0 */
+    const int lo = window > 0 && len > window ? len - window : 0;
+    for (int b = lo / block_size, start = b * block_size; start < len; start += block_size, b++) {
+        const int skip = lo > start ? lo - start : 0; /* tokens of the block before the window */
+        const int64_t base = (int64_t)table[b] * block_stride + (int64_t)skip * row_bytes;
+        const int n = (len - start < block_size ? len - start : block_size) - skip;
         if (start + block_size < len)
             prefetch_heads(k, v, (int64_t)table[b + 1] * block_stride, heads, head_stride);
         for (int j = 0; j < heads; j++) {
@@ -353,7 +377,7 @@ static inline __attribute__((always_inline)) void decode_task(
 #if defined(__AVX512F__)
             if (grouped && block_grouped_any(qs + j * group, acc + j * group, m + j * group,
                                              l + j * group, kh, vh, n, dim, group,
-                                             kind == POOL_BF16))
+                                             kind == POOL_BF16, cap))
                 continue;
 #endif
             const float *kb = (const float *)kh, *vb = (const float *)vh;
@@ -375,6 +399,7 @@ static inline __attribute__((always_inline)) void decode_task(
                 else
 #endif
                     scores_plain(qs[r], kb, n, dim, s);
+                if (cap > 0.0f) softcap_scores(s, n, cap);
                 const float correction = softmax_block(s, n, &m[r], &l[r]);
 #if defined(accumulate_wide)
                 if (wide)
@@ -403,10 +428,10 @@ static inline __attribute__((always_inline)) void decode_task(
     static void decode_task_##SUFFIX(const void *q, const char *k, const char *v, void *out,  \
                                      const int32_t *table, int len, int heads, int group,     \
                                      int dim, int block_size, int64_t block_stride,           \
-                                     float scale, int wide) {                                 \
+                                     float scale, int wide, int window, float cap) {          \
         float kf[BUFFERED ? block_size * dim : 1], vf[BUFFERED ? block_size * dim : 1];       \
         decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride,    \
-                    KIND, scale, wide, kf, vf);                                               \
+                    KIND, scale, wide, window, cap, kf, vf);                                  \
     }
 
 DEFINE_DECODE_TASK(f32, POOL_F32, 0)
@@ -417,13 +442,14 @@ DEFINE_DECODE_TASK(bf16, POOL_BF16, 1)
  * bfloat16, or int8 ([..., dim + 4] bytes: int8 values and a float32 scale). q and out are
  * bfloat16 with a bfloat16 pool, float32 otherwise. Sequences x chunks of KV heads (as many
  * heads per task as the row buffers hold) are spread over OpenMP threads; `plain` forces the
- * portable loops. Returns 0, or -1 when a shape is past this kernel's fixed limits or `kind`
+ * portable loops. `window` > 0: each row attends to its last `window` positions (its own
+ * included); `softcap` > 0: scores are soft-capped. Returns 0, or -1 when a shape is past this kernel's fixed limits or `kind`
  * is unknown (checked by the caller first; this is the last guard before a stack overrun). */
 int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *out,
                  const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
                  int num_kv_heads, int head_dim, int block_size, int table_stride,
                  int64_t q_token_stride, int64_t out_token_stride, float scale,
-                 int num_threads, int plain, int kind) {
+                 int num_threads, int plain, int kind, int window, float softcap) {
     const char *k_cache = k_pool, *v_cache = v_pool;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
@@ -438,7 +464,7 @@ int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *ou
     const int chunks = (num_kv_heads + per_task - 1) / per_task;
     const int tasks = num_seqs * chunks;
     void (*task_fn)(const void *, const char *, const char *, void *, const int32_t *, int, int,
-                    int, int, int, int64_t, float, int) =
+                    int, int, int, int64_t, float, int, int, float) =
         kind == POOL_I8 ? decode_task_i8 : kind == POOL_BF16 ? decode_task_bf16
                                                              : decode_task_f32;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
@@ -449,7 +475,7 @@ int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *ou
         const int64_t o_off = (seq * out_token_stride + (int64_t)h * group * head_dim) * io_bytes;
         task_fn((const char *)q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
                 (char *)out + o_off, tables + (int64_t)seq * table_stride, lens[seq], heads,
-                group, head_dim, block_size, block_stride, scale, wide);
+                group, head_dim, block_size, block_stride, scale, wide, window, softcap);
     }
     return 0;
 }
