@@ -291,3 +291,28 @@ def test_images_and_unknown_fields_are_refused_by_name(live):
     with pytest.raises(openai.BadRequestError) as err:
         oa.chat.completions.create(model=SMOL, messages=ASK, extra_body={"guided_decoding": 1})
     assert err.value.body["param"] == "guided_decoding"
+
+
+def test_tool_messages_must_answer_the_assistants_calls(live):
+    """As OpenAI: a `tool` message with no assistant `tool_calls` before it, or answering an
+    id those calls do not hold, is a 400 naming the message; a valid history is a 200."""
+    oa = client(live, live.tenant_key("tool-history"))
+    asked = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_paris", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    answer = {"role": "tool", "tool_call_id": "call_paris", "content": "21C and sunny"}
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(model=SMOL, messages=[*ASK, answer], tools=[WEATHER_TOOL],
+                                   max_tokens=1)
+    assert err.value.body["type"] == "invalid_request_error"
+    assert err.value.body["param"] == "messages.1.role"
+    assert "preceding assistant message with 'tool_calls'" in err.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        oa.chat.completions.create(
+            model=SMOL, messages=[*ASK, asked, {**answer, "tool_call_id": "call_oslo"}],
+            tools=[WEATHER_TOOL], max_tokens=1, stream=True)
+    assert err.value.body["type"] == "invalid_request_error"
+    assert err.value.body["param"] == "messages.2.tool_call_id"
+    assert "'call_oslo'" in err.value.body["message"]
+    reply = oa.chat.completions.create(model=SMOL, messages=[*ASK, asked, answer], max_tokens=1)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 1

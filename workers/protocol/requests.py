@@ -340,6 +340,26 @@ class ChatCompletionRequest(_Sampling):
             raise FieldError("tool_choice", "'required' needs 'tools'")
         return self
 
+    @model_validator(mode="after")
+    def _check_tool_history(self) -> ChatCompletionRequest:
+        """Every tool message answers a call of the assistant message just before it (or
+        before the tool messages in a row after that assistant message), as OpenAI checks."""
+        calls: set[str] | None = None  # the call ids tool messages may answer right now
+        for index, message in enumerate(self.messages):
+            if message.role != "tool":
+                calls = ({c.id for c in message.tool_calls}
+                         if message.role == "assistant" and message.tool_calls else None)
+                continue
+            if calls is None:
+                raise FieldError(f"messages.{index}.role",
+                                 "a 'tool' message must answer a preceding assistant message "
+                                 "with 'tool_calls'")
+            if message.tool_call_id not in calls:
+                raise FieldError(f"messages.{index}.tool_call_id",
+                                 f"'{message.tool_call_id}' is not the id of any of the "
+                                 "'tool_calls' of the preceding assistant message")
+        return self
+
     @property
     def requested_max_tokens(self) -> int | None:
         values = [v for v in (self.max_tokens, self.max_completion_tokens) if v is not None]
