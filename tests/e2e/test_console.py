@@ -1,11 +1,14 @@
 """The admin console in real headless Chromium (Debian `chromium` + `chromium-driver`).
 
-A live `switchboard serve` (SQLite, a mock upstream, no embedded model) and a browser driven
-by selenium: sign in, create a tenant and a key (shown once), call the API with the key via
-the `openai` client, watch the usage table and chart update, revoke the key (the next call
-is a 401), sign out. Also: a change without the CSRF token is a 403 in the browser, and a
-tenant key cannot sign in. Screenshots of each page go to `SWITCHBOARD_TEST_ARTIFACTS` (or
-tests/artifacts/console/), at 1280 px and at a 390 px phone width.
+A live `switchboard serve` configured as `make serve` runs it (SQLite, the embedded SmolLM2
+engine and the in-process embedding model both on), plus a mock upstream for quick API
+calls, and a browser driven by selenium: sign in, create a tenant and a key (shown once),
+call the API with the key via the `openai` client, watch the usage table and chart update,
+revoke the key (the next call is a 401), sign out. Also: a change without the CSRF token is
+a 403 in the browser, a tenant key cannot sign in, and every console page renders (200, no
+error, its own element) with every kind of deployment present. Screenshots of each page go
+to `SWITCHBOARD_TEST_ARTIFACTS` (or tests/artifacts/console/), at 1280 px and at a 390 px
+phone width.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Live:
     base: str
     admin_key: str
     tenant_key: str  # another tenant's key: must not open the console
+    tenant_id: str  # that tenant's id (its console pages)
     artifacts: Path
 
 
@@ -66,26 +70,30 @@ def artifacts_dir() -> Path:
     return folder
 
 
-async def _seed(db_url: str, tmp: Path) -> tuple[str, str]:
+async def _seed(db_url: str, tmp: Path) -> tuple[str, str, str]:
     key = await admin_key(db_url, tmp)
     other = await seed_tenant(db_url, tmp, name="other-tenant")
-    return key, other.key
+    return key, other.key, other.tenant_id
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def live(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterator[Live]:
+    """`make serve`'s configuration: the default embedded model and the default embedding
+    model (smollm2_path converts the former once, before the server starts)."""
     tmp = tmp_path_factory.mktemp("console")
     upstream = MockUpstream().start()
     gateway: Gateway | None = None
     db_url = f"sqlite+aiosqlite:///{tmp}/gw.db"
     try:
         upgrade(db_url)
-        admin, tenant = asyncio.run(_seed(db_url, tmp))
+        admin, tenant, tenant_id = asyncio.run(_seed(db_url, tmp))
         env = gateway_env(db_url, tmp, usage_flush_interval_s=0.1, auth_poll_interval_s=0.2,
+                          embedded_model="default", embedding_model="default",
+                          embedded_kv_cache_memory=128 << 20,
                           deployments_file=write_deployments(
                               tmp, [mock_deployment(upstream.base_url)]))
         gateway = Gateway(env, tmp / "gateway.log")
-        yield Live(gateway.start(timeout_s=60).url, admin, tenant, artifacts_dir())
+        yield Live(gateway.start(timeout_s=180).url, admin, tenant, tenant_id, artifacts_dir())
     finally:
         if gateway is not None:
             gateway.stop()
@@ -239,3 +247,63 @@ def test_tenant_key_cannot_reach_the_console(live: Live, browser: Any) -> None:
     shot(d, live, "login-refused", width=390)
     d.get(f"{live.base}/console/usage")
     wait_for(d, lambda d: "/console/login" in d.current_url)
+
+
+def status_of(driver: Any, path: str) -> int:
+    """The HTTP status of a GET of `path` from the signed-in page (its cookie goes along);
+    a redirect reads as 0."""
+    return driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "fetch(arguments[0], {redirect: 'manual'}).then(r => done(r.status), () => done(-1));",
+        path)
+
+
+def assert_renders(driver: Any, live: Live, path: str, marker: str) -> None:
+    """`path` opens in the browser: its own element shows, no error page or error text, and
+    a GET of it is a 200."""
+    driver.get(f"{live.base}{path}")
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, marker))
+    assert not driver.find_elements(By.ID, "error-page"), path
+    source = driver.page_source
+    for text in ("Internal Server Error", "Traceback", "has no attribute"):
+        assert text not in source, (path, text)
+    assert status_of(driver, path) == 200, path
+
+
+def test_every_console_page_renders(live: Live, browser: Any) -> None:
+    """Each console page, on `make serve`'s deployments (the embedded engine, the embedding
+    model) and an HTTP upstream: the workers page shows each with the figures it has."""
+    d = browser
+    d.get(f"{live.base}/console/login")
+    d.delete_all_cookies()
+    assert_renders(d, live, "/console/login", "#admin-key")
+    sign_in(d, live, live.admin_key)
+    wait_for(d, lambda d: d.current_url.endswith("/console/tenants"))
+    tenant = f"/console/tenants/{live.tenant_id}"
+    for path, marker in (
+            ("/console/tenants", "#tenants-table"),
+            (tenant, "#limits-form"),
+            (f"{tenant}/keys", "#keys-table"),
+            (f"{tenant}/adapters", "form[action$='/adapters/upload']"),
+            ("/console/usage", "#tokens-chart"),
+            ("/console/deployments", "#deployments-table"),
+            ("/console/workers", "#workers-panel")):
+        assert_renders(d, live, path, marker)
+
+    # The workers page: a card per deployment, each with only the figures its kind reports.
+    cards = {c.get_attribute("data-worker"): c.get_attribute("data-kind")
+             for c in d.find_elements(By.CSS_SELECTOR, "[data-worker]")}
+    assert cards == {"embedded": "embedded engine", "embedded-embedding": "embedding model",
+                     "mock": "HTTP upstream"}
+
+    def stats(name: str) -> set[str]:
+        return {e.get_attribute("data-stat") for e in d.find_elements(
+            By.CSS_SELECTOR, f"[data-worker='{name}'] [data-stat]")}
+
+    assert {"num_waiting", "kv_cache_usage"} <= stats("embedded")
+    assert stats("embedded-embedding") == {"queued_rows"}
+    assert stats("mock") == set()
+    assert status_of(d, "/console/workers/panel") == 200  # what the page polls
+    time.sleep(2.5)  # one poll has swapped the panel in again
+    assert d.find_elements(By.CSS_SELECTOR, "#workers-panel [data-worker='embedded-embedding']")
+    assert "Internal Server Error" not in d.page_source

@@ -1,5 +1,6 @@
 """Deployments and routing: tier, prices, health and breaker state, as the admin API's
-`describe` reports them, plus resetting a breaker; and the workers' live engine figures."""
+`describe` reports them, plus resetting a breaker; and each deployment's live figures (the
+workers page), whichever kind it is."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from fastapi import Request
 from starlette.responses import RedirectResponse, Response
 
 from gateway.console.auth import AdminSession, SignedIn
-from gateway.console.render import page
+from gateway.console.render import page, percent
 from gateway.console.routing import console_router
+from gateway.deployments.config import DeploymentConfig
 from gateway.deps import SessionDep, StateDep
 from gateway.routes.admin.deployments import describe
 from gateway.state import GatewayState
@@ -62,18 +64,70 @@ def _deployments(request: Request, admin: SignedIn, state: GatewayState, *,
         fragment="_deployments_panel.html", status_code=status_code)
 
 
+# What the workers page shows of a deployment's `stats()`, in this order, each only where the
+# deployment reports it: the embedded engine reports engine figures (queue, KV, prefix cache,
+# adapters), a remote worker the same plus its reachability and requests in flight, the
+# in-process embedding model its batcher's queued rows, an HTTP or litellm upstream nothing.
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("num_waiting", "Queue depth", "count"),
+    ("num_running", "Running", "count"),
+    ("in_flight", "In flight", "count"),
+    ("queued_rows", "Queued rows", "count"),
+    ("kv_cache_usage", "KV cache use", "percent"),
+    ("prefix_cache_hit_rate", "Prefix-cache hits", "percent"),
+    ("num_preemptions", "Preemptions", "count"),
+    ("num_loras", "Adapters", "count"),
+    ("num_loras_on_device", "Adapters on device", "count"),
+)
+
+
+def deployment_kind(config: DeploymentConfig) -> str:
+    """What serves a deployment, in the console's words."""
+    if config.provider == "embedded":
+        return "embedding model" if config.mode == "embedding" else "embedded engine"
+    if config.provider == "worker":
+        return "remote worker"
+    if config.provider == "litellm":
+        return "litellm upstream"
+    return "HTTP upstream"
+
+
+def figures(stats: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(stat key, label, shown value) of each figure in FIGURES that `stats` holds as a
+    number; whatever a deployment leaves out (or sends as something else) is not shown."""
+    rows = []
+    for key, label, shape in FIGURES:
+        value = stats.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        rows.append((key, label, percent(value) if shape == "percent" else str(int(value))))
+    return rows
+
+
+def _state(stats: dict[str, Any]) -> str | None:
+    """A remote worker's reachability and draining, where the deployment reports them."""
+    if "reachable" not in stats:
+        return None
+    if not stats["reachable"]:
+        return "unreachable"
+    return "accepting" if stats.get("accepting", 1.0) else "not accepting"
+
+
 async def _workers(state: GatewayState, session: SessionDep) -> list[dict[str, Any]]:
-    """Each deployment that reports engine figures, with its resident adapters by tier.
+    """Every deployment with the live figures it reports (none for an HTTP upstream), and,
+    for our engines, the tenants' shares and the resident adapters by tier.
 
     At most one query (tenant names), and only when some adapter is resident."""
     workers = []
     for deployment in state.deployments.deployments():
-        stats = deployment.stats()
-        if not stats:
-            continue
+        stats = deployment.stats() or {}
+        kv = stats.get("kv_cache_usage")
         tiers = await deployment.adapter_tiers() if deployment.serves_adapters else {}
         workers.append({"name": deployment.name, "model": deployment.config.model_name,
-                        "stats": stats, "adapters": sorted(tiers.items()),
+                        "kind": deployment_kind(deployment.config), "state": _state(stats),
+                        "figures": figures(stats),
+                        "kv_cache_usage": kv if isinstance(kv, int | float) else None,
+                        "adapters": sorted(tiers.items()),
                         "tenants": deployment.tenant_tokens()})
     if any(w["adapters"] or w["tenants"] for w in workers):
         names = {t.id: t.name for t in await service.list_tenants(session)}
