@@ -28,7 +28,7 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     lib.amx_prefill_attention.restype = ctypes.c_int
     lib.amx_prefill_attention.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64,
                                           _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64,
-                                          ctypes.c_float, ctypes.c_int]
+                                          ctypes.c_float, ctypes.c_int, _I64]
     return lib
 
 
@@ -40,14 +40,16 @@ def fits(dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
 
 def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       k_ctx: torch.Tensor | None, v_ctx: torch.Tensor | None,
-                      scale: float) -> torch.Tensor:
+                      scale: float, *, window: int | None = None) -> torch.Tensor:
     """q [q_len, heads, 64]; the chunk's k_new, v_new [q_len, kv_heads, 64]; the cached
     context before it k_ctx, v_ctx [kv_heads, context, 64] or None (views are fine where
     the last dimension is dense). Query i sits at position context + i and sees every
-    position up to its own. Returns [q_len, heads, 64]."""
+    position up to its own; with a `window`, only the `window` most recent of them (its own
+    included). Returns [q_len, heads, 64]."""
     assert q.shape[-1] == HEAD_DIM and q.dtype == torch.bfloat16
     out, args = vec_prefill.chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
-    status = load_library().amx_prefill_attention(*args, scale, torch.get_num_threads())
+    status = load_library().amx_prefill_attention(*args, scale, torch.get_num_threads(),
+                                                  window or 0)
     if status != 0:
         raise RuntimeError(f"the AMX prefill attention kernel failed ({status})")
     return out

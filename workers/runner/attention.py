@@ -195,7 +195,7 @@ def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) 
     """Which prefill kernel serves a layer with this window and soft-capping: the one place
     that routes a layer away from a kernel that cannot serve it. No fused prefill kernel
     soft-caps, so soft-capped layers take `masked`."""
-    if softcap is not None or window is not None:
+    if softcap is not None or (window is not None and kernel == "flash"):
         return "masked"
     return kernel
 
@@ -421,15 +421,16 @@ def paged_attention(
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
-            parts.append(whole(q[rows], k[rows], v[rows], None, None, scale) if whole
-                         else _prefill_fresh(q[rows], k[rows], v[rows], scale))
+            parts.append(whole(q[rows], k[rows], v[rows], None, None, scale, window=window)
+                         if whole else _prefill_fresh(q[rows], k[rows], v[rows], scale))
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
         if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
             kv_heads, head_dim = k_cache.shape[1], q.shape[-1]
             ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
-            parts.append(whole(q[rows], k[rows], v[rows], ctx_k, ctx_v, scale) if whole
+            parts.append(whole(q[rows], k[rows], v[rows], ctx_k, ctx_v, scale, window=window)
+                         if whole
                          else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
                                                      scale))
         else:

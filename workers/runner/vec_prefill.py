@@ -34,7 +34,7 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     lib.vec_prefill_attention.restype = _INT
     lib.vec_prefill_attention.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64,
                                           _I64, _P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
-                                          _INT, ctypes.c_float, _INT]
+                                          _INT, ctypes.c_float, _INT, _I64]
     return lib
 
 
@@ -92,20 +92,23 @@ def chunk_arguments(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
 
 def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                       k_ctx: torch.Tensor | None, v_ctx: torch.Tensor | None,
-                      scale: float, *, march: str = "native") -> torch.Tensor:
+                      scale: float, *, window: int | None = None,
+                      march: str = "native") -> torch.Tensor:
     """q [q_len, heads, dim]; the chunk's k_new, v_new [q_len, kv_heads, dim]; the cached
     context before it k_ctx, v_ctx [kv_heads, context, dim] or None (views are fine where
     the last dimension is dense). Query i sits at position context + i and sees every
-    position up to its own. Returns [q_len, heads, dim]. `march`: the build (tests and
+    position up to its own; with a `window`, only the `window` most recent of them (its own
+    included). Returns [q_len, heads, dim]. `march`: the build (tests and
     bench/prefill_attention.py run the AVX2 one on AVX-512 CPUs too)."""
     if q.dtype not in _DTYPE_CODES:
         raise ValueError(f"no vector prefill kernel for {q.dtype}")
     if widens(q.dtype, q.shape[-1], march):
         wide = [None if t is None else t.float() for t in (q, k_new, v_new, k_ctx, v_ctx)]
-        return prefill_attention(*wide, scale, march=march).to(q.dtype)
+        return prefill_attention(*wide, scale, window=window, march=march).to(q.dtype)
     out, args = chunk_arguments(q, k_new, v_new, k_ctx, v_ctx)
     status = load_library(march).vec_prefill_attention(
-        *args, q.shape[-1], _DTYPE_CODES[q.dtype], scale, torch.get_num_threads())
+        *args, q.shape[-1], _DTYPE_CODES[q.dtype], scale, torch.get_num_threads(),
+        window or 0)
     if status != 0:  # -1: this build does not take the dtype or head size
         raise RuntimeError(f"the vector prefill attention kernel failed ({status})")
     return out

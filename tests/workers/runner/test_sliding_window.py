@@ -174,3 +174,44 @@ def test_triton_decode_kernel_honours_window_and_softcap(window, softcap):
     out, ref = run(tensors, batch, window=window, softcap=softcap, decode="triton",
                    device=device)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def dense_chunk(q, k_new, v_new, k_ctx, v_ctx, scale, window):
+    """A chunk after `context` keys, as a masked softmax in float64: query i at position
+    context + i sees keys j with context + i - window < j <= context + i."""
+    k = torch.cat([k_ctx.transpose(0, 1), k_new]).double()  # [keys, kv_heads, dim]
+    v = torch.cat([v_ctx.transpose(0, 1), v_new]).double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    pos = torch.arange(q.shape[0])[:, None] + k_ctx.shape[1]
+    keys = torch.arange(k.shape[0])[None, :]
+    visible = (keys <= pos) & (keys > pos - window)
+    weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), -1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_vec_and_amx_prefill_kernels_take_a_window_on_each_build(dtype):
+    """Windows shorter than a task's queries (1, 7), across a span (40, 70), past the whole
+    context (200); contexts of 0 and 30 before a 50-query chunk."""
+    from tests.workers.runner.conftest import build_targets
+    from workers.runner import amx_prefill, vec_prefill
+
+    g = torch.Generator().manual_seed(3)
+    marches = [m for m in build_targets() if m != "x86-64"]
+    for context in (0, 30):
+        q = torch.randn(50, 4, 64, generator=g).to(dtype)
+        k_new, v_new = (torch.randn(50, 2, 64, generator=g).to(dtype) for _ in range(2))
+        k_ctx, v_ctx = (torch.randn(2, context, 64, generator=g).to(dtype) for _ in range(2))
+        for window in (1, 7, 40, 70, 200):
+            ref = dense_chunk(q, k_new, v_new, k_ctx, v_ctx, 0.125, window)
+            tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+            outs = [vec_prefill.prefill_attention(q, k_new, v_new, k_ctx, v_ctx, 0.125,
+                                                  window=window, march=m)
+                    for m in marches if vec_prefill.fits(dtype, 64, CPU)]
+            if dtype == torch.bfloat16 and amx_prefill.fits(dtype, 64, CPU):
+                outs.append(amx_prefill.prefill_attention(q, k_new, v_new, k_ctx, v_ctx, 0.125,
+                                                          window=window))
+            for out in outs:
+                torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)

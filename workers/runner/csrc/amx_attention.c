@@ -13,6 +13,10 @@
    into four accumulators, and the float32 output rescaled as the running maximum moves
    (flash attention's order).
 
+   With a sliding window (`window` > 0) query i sees only keys j > ctx_len + i - window: a
+   task's walk starts at the span holding its first query's first visible key, and each
+   row's keys before its window are masked out of the softmax like the causal edge.
+
    The AMX code exists only in a build for a CPU with amx_tile, amx_bf16 and avx512_bf16;
    other builds export the same function and answer -1. */
 
@@ -87,13 +91,14 @@ static void pack_v(const rows_of *v, int64_t padded, uint16_t *out) {
 /* q [q_len, heads, 64] (strides in elements); the cached context's K and V
    [kv_heads, ctx_len, 64] (strides ctx_head, ctx_tok); the chunk's own K and V
    [q_len, kv_heads, 64] (strides new_tok, new_head); out like q. Query i sits at position
-   ctx_len + i. 0; -1 if this build has no AMX; -2 if memory runs out. */
+   ctx_len + i; with `window` > 0 it sees keys ctx_len + i - window < j <= ctx_len + i. 0; -1 if
+   this build has no AMX; -2 if memory runs out. */
 int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                           const uint16_t *k_ctx, const uint16_t *v_ctx, int64_t ctx_head,
                           int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
                           int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
                           int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
-                          int64_t kv_heads, float scale, int threads) {
+                          int64_t kv_heads, float scale, int threads, int64_t window) {
     if (q_len < 1 || ctx_len < 0 || heads % kv_heads != 0) return -1;
     const int64_t kv_len = ctx_len + q_len, start = ctx_len;
     const int64_t padded = (kv_len + SPAN - 1) / SPAN * SPAN, group = heads / kv_heads;
@@ -144,7 +149,10 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
             const int64_t last_key = start + q0 + rows - 1 < kv_len - 1 ? start + q0 + rows - 1
                                                                        : kv_len - 1;
             const uint16_t *kh = kp + g * padded * HEAD, *vh = vp + g * padded * HEAD;
-            for (int64_t k0 = 0; k0 <= last_key; k0 += SPAN) {
+            /* the span holding the first query's first visible key */
+            const int64_t k_first = window > 0 && start + q0 - window + 1 > 0
+                                        ? (start + q0 - window + 1) / SPAN * SPAN : 0;
+            for (int64_t k0 = k_first; k0 <= last_key; k0 += SPAN) {
                 /* 32-key pieces of this span that hold a key some row sees */
                 const int pieces = (int)((last_key - k0) / 32 + 1 < SPAN / 32
                                              ? (last_key - k0) / 32 + 1 : SPAN / 32);
@@ -173,10 +181,12 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                     /* keys k0 + c with c <= seen are visible to row i */
                     const int64_t last = start + q0 + i < kv_len - 1 ? start + q0 + i : kv_len - 1;
                     const int64_t seen = last - k0;
+                    /* and, with a window, those with c >= from */
+                    const int64_t from = window > 0 ? start + q0 + i - window + 1 - k0 : 0;
                     const float *srow = scores + i * SPAN;
                     __mmask16 visible[SPAN / 16];
                     __m512 vmax = ninf;
-                    if (seen >= SPAN - 1) { /* the whole span: no causal edge, no padding */
+                    if (seen >= SPAN - 1 && from <= 0) { /* the whole span: no edge, no padding */
                         for (int t = 0; t < vectors; t++) {
                             visible[t] = (__mmask16)0xffff;
                             vmax = _mm512_max_ps(vmax, _mm512_mul_ps(_mm512_load_ps(srow + 16 * t),
@@ -188,6 +198,10 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                             visible[t] = upto >= 15 ? (__mmask16)0xffff
                                          : upto < 0 ? (__mmask16)0
                                                     : (__mmask16)((1u << (upto + 1)) - 1);
+                            const int64_t below = from - 16 * t; /* lanes 0..below-1 not seen */
+                            if (below > 0)
+                                visible[t] &= below >= 16 ? (__mmask16)0
+                                                          : (__mmask16)(0xffffu << below);
                             vmax = _mm512_mask_max_ps(
                                 vmax, visible[t], vmax,
                                 _mm512_mul_ps(_mm512_load_ps(srow + 16 * t), vc));
@@ -266,11 +280,11 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                           int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
                           int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
                           int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
-                          int64_t kv_heads, float scale, int threads) {
+                          int64_t kv_heads, float scale, int threads, int64_t window) {
     (void)q, (void)q_tok, (void)q_head, (void)k_ctx, (void)v_ctx, (void)ctx_head;
     (void)ctx_tok, (void)k_new, (void)v_new, (void)new_tok, (void)new_head, (void)out;
     (void)o_tok, (void)o_head, (void)q_len, (void)ctx_len, (void)heads, (void)kv_heads;
-    (void)scale, (void)threads;
+    (void)scale, (void)threads, (void)window;
     return -1;
 }
 

@@ -4,6 +4,10 @@
    out[i, h] = softmax(scale * q[i, h] . k[g]^T over keys j <= ctx_len + i) . v[g],
    g = h / group.
 
+   With a sliding window (`window` > 0) query i sees only keys j > ctx_len + i - window: a
+   task's walk starts at its first query's first visible key, and the keys it does not see
+   are masked per lane like the causal edge.
+
    Query i of the chunk sits at position ctx_len + i; keys 0..ctx_len-1 come from the cached
    context (gathered out of the pool), the rest are the chunk's own, so no caller copies them
    together. A task is one query head and two vectors of queries, transposed once so a vector
@@ -104,10 +108,16 @@ static inline const char *row_at(const rows_of *r, int64_t key) {
                             : r->fresh + (key - r->ctx_len) * r->fresh_stride * r->elem;
 }
 
-/* The lanes (of QB) that see key `key`: query lane i sits at position first + i. */
-static inline uint32_t visible(int64_t key, int64_t first) {
+/* The lanes (of QB) that see key `key`: query lane i sits at position first + i and sees
+   keys in (first + i - window, first + i] (window 0: no lower bound). */
+static inline uint32_t visible(int64_t key, int64_t first, int64_t window) {
     const int64_t lo = key - first;
-    return lo <= 0 ? 0xffffffffu : lo >= QB ? 0u : 0xffffffffu << lo;
+    uint32_t bits = lo <= 0 ? 0xffffffffu : lo >= QB ? 0u : 0xffffffffu << lo;
+    if (window > 0) { /* lanes i < key - first + window */
+        const int64_t hi = lo + window;
+        bits &= hi <= 0 ? 0u : hi >= QB ? 0xffffffffu : (uint32_t)((1ull << hi) - 1);
+    }
+    return bits;
 }
 
 /* The bits of vector w (of the task's two) */
@@ -165,19 +175,21 @@ static inline __attribute__((always_inline)) void scores(scratch *sc, const rows
 /* The span's scores into p = 2^(s - new max) (0 where a lane does not see the key), the
    running max m and sum l updated; returns the factors the output is rescaled by. */
 static inline __attribute__((always_inline)) void softmax_span(scratch *sc, int64_t k0, int n,
-                                                               int64_t first, vf m[2], vf l[2],
-                                                               vf alpha[2], const int bf) {
-    const int whole = k0 + n - 1 <= first; /* every lane sees every key of the span */
+                                                               int64_t first, int64_t window,
+                                                               vf m[2], vf l[2], vf alpha[2],
+                                                               const int bf) {
+    /* every lane sees every key of the span */
+    const int whole = k0 + n - 1 <= first && (window == 0 || k0 > first + QB - 1 - window);
     vf mx[2] = {m[0], m[1]};
     for (int j = 0; j < n; j++) {
-        const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first);
+        const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first, window);
         for (int w = 0; w < 2; w++)
             mx[w] = v_max_where(mx[w], bits_of(vis, w), v_load(sc->s + j * QB + VL * w));
     }
     vf sum[2] = {v_zero(), v_zero()};
     for (int w = 0; w < 2; w++) alpha[w] = v_exp2(v_sub(m[w], mx[w]));
     for (int j = 0; j < n; j++) {
-        const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first);
+        const uint32_t vis = whole ? 0xffffffffu : visible(k0 + j, first, window);
         for (int w = 0; w < 2; w++) {
             float *s = sc->s + j * QB + VL * w;
             const vf p = v_keep(bits_of(vis, w), v_exp2(v_sub(v_load(s), mx[w])));
@@ -256,8 +268,8 @@ static inline __attribute__((always_inline)) void accumulate(scratch *sc, const 
 /* One task: query head h's queries q0..q0+rows-1. */
 static inline __attribute__((always_inline)) void task(
     scratch *sc, const char *q, int64_t q_tok, char *out, int64_t o_tok, int rows,
-    int64_t first, const rows_of *k, const rows_of *v, const uint32_t *vpairs, float c,
-    const int head, const int bf) {
+    int64_t first, int64_t window, const rows_of *k, const rows_of *v, const uint32_t *vpairs,
+    float c, const int head, const int bf) {
     /* q transposed: float32 qt[dim][lane]; bfloat16 qt[dim pair][lane] */
     if (bf) {
         for (int i = 0; i < QB; i++)
@@ -276,11 +288,13 @@ static inline __attribute__((always_inline)) void task(
     vf m[2] = {v_set1(-INFINITY), v_set1(-INFINITY)};
     vf l[2] = {v_zero(), v_zero()};
     const int64_t last_key = first + rows - 1 < k->len - 1 ? first + rows - 1 : k->len - 1;
-    for (int64_t k0 = 0; k0 <= last_key; k0 += SPAN) {
+    /* the first query's first visible key, even (V's bfloat16 pairs start at even keys) */
+    const int64_t k_first = window > 0 && first - window + 1 > 0 ? (first - window + 1) & ~1ll : 0;
+    for (int64_t k0 = k_first; k0 <= last_key; k0 += SPAN) {
         const int n = (int)(last_key - k0 + 1 < SPAN ? last_key - k0 + 1 : SPAN);
         vf alpha[2];
         scores(sc, k, k0, n, c, head, bf);
-        softmax_span(sc, k0, n, first, m, l, alpha, bf);
+        softmax_span(sc, k0, n, first, window, m, l, alpha, bf);
         accumulate(sc, v, vpairs, k0, n, alpha, head, bf);
     }
     float inv[QB] __attribute__((aligned(64)));
@@ -321,13 +335,14 @@ int vec_prefill_supports(int dtype, int64_t head) { return supports(dtype, head)
 /* q [q_len, heads, head] (strides in elements); the cached context's K and V
    [kv_heads, ctx_len, head] (strides ctx_head, ctx_tok); the chunk's own K and V
    [q_len, kv_heads, head] (strides new_tok, new_head); out like q. Query i sits at position
-   ctx_len + i. 0; -1 if this build cannot serve this dtype and head; -2 if memory runs out. */
+   ctx_len + i; with `window` > 0 it sees keys ctx_len + i - window < j <= ctx_len + i. 0; -1 if
+   this build cannot serve this dtype and head; -2 if memory runs out. */
 int vec_prefill_attention(const void *q, int64_t q_tok, int64_t q_head, const void *k_ctx,
                           const void *v_ctx, int64_t ctx_head, int64_t ctx_tok,
                           const void *k_new, const void *v_new, int64_t new_tok,
                           int64_t new_head, void *out, int64_t o_tok, int64_t o_head,
                           int64_t q_len, int64_t ctx_len, int64_t heads, int64_t kv_heads,
-                          int64_t head, int dtype, float scale, int threads) {
+                          int64_t head, int dtype, float scale, int threads, int64_t window) {
     if (!supports(dtype, head) || q_len < 1 || ctx_len < 0 || heads % kv_heads != 0) return -1;
     const int bf = dtype == DT_BF16, elem = bf ? 2 : 4;
     const int64_t kv_len = ctx_len + q_len, group = heads / kv_heads;
@@ -368,11 +383,14 @@ int vec_prefill_attention(const void *q, int64_t q_tok, int64_t q_head, const vo
             const uint32_t *vp = bf ? vpairs + g * pairs * head : NULL;
             const int64_t first = ctx_len + q0;
             if (head == 64) {
-                if (bf) task(sc, qp, q_tok, op, o_tok, rows, first, &k, &v, vp, c, 64, 1);
-                else task(sc, qp, q_tok, op, o_tok, rows, first, &k, &v, vp, c, 64, 0);
+                if (bf) task(sc, qp, q_tok, op, o_tok, rows, first, window, &k, &v, vp, c, 64,
+                             1);
+                else task(sc, qp, q_tok, op, o_tok, rows, first, window, &k, &v, vp, c, 64, 0);
             } else {
-                if (bf) task(sc, qp, q_tok, op, o_tok, rows, first, &k, &v, vp, c, 128, 1);
-                else task(sc, qp, q_tok, op, o_tok, rows, first, &k, &v, vp, c, 128, 0);
+                if (bf) task(sc, qp, q_tok, op, o_tok, rows, first, window, &k, &v, vp, c, 128,
+                             1);
+                else task(sc, qp, q_tok, op, o_tok, rows, first, window, &k, &v, vp, c, 128,
+                          0);
             }
         }
         free(sc);
@@ -393,11 +411,11 @@ int vec_prefill_attention(const void *q, int64_t q_tok, int64_t q_head, const vo
                           const void *k_new, const void *v_new, int64_t new_tok,
                           int64_t new_head, void *out, int64_t o_tok, int64_t o_head,
                           int64_t q_len, int64_t ctx_len, int64_t heads, int64_t kv_heads,
-                          int64_t head, int dtype, float scale, int threads) {
+                          int64_t head, int dtype, float scale, int threads, int64_t window) {
     (void)q, (void)q_tok, (void)q_head, (void)k_ctx, (void)v_ctx, (void)ctx_head;
     (void)ctx_tok, (void)k_new, (void)v_new, (void)new_tok, (void)new_head, (void)out;
     (void)o_tok, (void)o_head, (void)q_len, (void)ctx_len, (void)heads, (void)kv_heads;
-    (void)head, (void)dtype, (void)scale, (void)threads;
+    (void)head, (void)dtype, (void)scale, (void)threads, (void)window;
     return -1;
 }
 
