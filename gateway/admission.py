@@ -7,6 +7,7 @@ import contextlib
 import math
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -25,19 +26,24 @@ if TYPE_CHECKING:
 
 
 def admission_request(
-    *, request_id: str, key: KeyContext, call: Call, price: Price,
+    *, request_id: str, key: KeyContext, call: Call, price: Price, exact: bool = True,
     now: datetime | None = None,
 ) -> AdmissionRequest:
-    tokens = call.prompt_tokens + call.max_output_tokens
+    """The call's admission. Not `exact` (an estimate, the prompt not tokenized yet): it is
+    checked, not held; `admit_exactly` reserves the exact count once it is known."""
     plan = key.plan
     budget = None
     if plan.budget_micros is not None:
         budget = tenant_budget(key.tenant_id, plan.budget_micros, plan.budget_period, now)
-    return AdmissionRequest(
-        request_id=request_id, scopes=limit_scopes(key), tokens=tokens,
-        cost_micros=price.cost_micros(call.prompt_tokens, call.max_output_tokens),
-        budget=budget,
-    )
+    return AdmissionRequest(request_id=request_id, scopes=limit_scopes(key), budget=budget,
+                            hold=exact, **reserved(call, price))
+
+
+def reserved(call: Call, price: Price) -> dict[str, int]:
+    """What a call reserves: its prompt and most output against TPM, their price against
+    the budget."""
+    return {"tokens": call.prompt_tokens + call.max_output_tokens,
+            "cost_micros": price.cost_micros(call.prompt_tokens, call.max_output_tokens)}
 
 
 def limit_scopes(key: KeyContext) -> tuple[tuple[str, Limits], ...]:
@@ -115,6 +121,25 @@ async def admit(gw: GatewayState, admission: AdmissionRequest, *, key: KeyContex
     if not decision.admitted:
         raise refused(gw, key, decision, gw.metrics.model_label(model, adapter=adapter))
     return decision
+
+
+async def admit_exactly(gw: GatewayState, admission: AdmissionRequest, *, call: Call,
+                        price: Price, key: KeyContext, model: str,
+                        adapter: bool) -> tuple[AdmissionRequest, Decision]:
+    """Admission's second step, once the prompt is tokenized: the exact count is reserved,
+    atomically against TPM and the budget (the first step checked an estimate and held only
+    the request). A refusal gives the request's slot back and is raised (429), before any
+    work; so what is metered overshoots a limit by at most one request, whatever the
+    alphabet."""
+    exact = replace(admission, hold=True, **reserved(call, price))
+    with gw.tracing.span("limits") as limits:
+        decision = await gw.limiter.resize(exact)
+        annotate(limits, {"switchboard.admitted": decision.admitted,
+                          "switchboard.refused_by": decision.reason})
+    if not decision.admitted:
+        gw.spawn(gw.limiter.settle(exact, tokens=0, cost_micros=0))
+        raise refused(gw, key, decision, gw.metrics.model_label(model, adapter=adapter))
+    return exact, decision
 
 
 def refused(gw: GatewayState, key: KeyContext, decision: Decision, model: str) -> APIError:

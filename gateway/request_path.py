@@ -5,15 +5,16 @@
     body (from here to admission a 4xx still counts for RPM: `admission.counted_if_refused`) ->
     route: the name (a model, an alias, `auto`, or the caller's own LoRA adapter) to the
     deployments to try, in policy order (cached, 404/403; only deployments that serve every
-    field, else 400) ->
-    estimate the call on the first whose context fits (no tokenizer runs) -> reserve limits
-    and budget atomically (429) -> prepare it exactly (the engine tokenizes, in a thread;
-    a refusal gives the reservation back) -> response cache lookup
-    (exact, then semantic) -> dispatch with fallbacks until one deployment's answer begins
-    (its first event; a whole answer is folded there too; a client that disconnects aborts
-    upstream) -> render it (`gateway.answers`: JSON, or SSE as the events come) -> settle the
-    reservation to the real usage, meter it (`gateway.ticket`), and keep the answer in the
-    cache.
+    field, else 400) -> estimate the call on the first whose context fits (no tokenizer runs) ->
+    admit it: RPM and concurrency reserved, the estimate checked against TPM and budget (429; an
+    upstream that does not tokenize here reserves the estimate) -> prepare it exactly (the
+    engine tokenizes, in a thread, once: the engine reuses the ids) and reserve the exact count,
+    atomically against TPM and budget (`admission.admit_exactly`; a refusal, 429, gives the
+    request's slot back) -> response cache lookup (exact, then semantic) -> dispatch with
+    fallbacks until one deployment's answer begins (its first event; a whole answer is folded
+    there too; a client that disconnects aborts upstream) -> render it (`gateway.answers`: JSON,
+    or SSE as the events come) -> settle the reservation to the real usage, meter it
+    (`gateway.ticket`), and keep the answer in the cache.
 
 The reservation is settled exactly once per admitted request, whatever happens after it.
 With tracing on, each step is a span under the request's (`auth`, `route`, `prepare`,
@@ -38,6 +39,7 @@ from gateway import answers
 from gateway.admission import (
     admission_request,
     admit,
+    admit_exactly,
     counted_if_refused,
     ratelimit_headers,
     refuse_if_held,
@@ -121,7 +123,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
             order, call = await first_that_fits(plan.order, estimate, threaded=False)
     engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
-                                  price=order[0].price)
+                                  price=order[0].price,
+                                  exact=not order[0].tokenizes)
     decision = await admit(gw, admission, key=key, model=order[0].config.model_name,
                            adapter=plan.adapter is not None)
     if order[0].tokenizes:  # admitted on an estimate: now the exact count, off the loop
@@ -132,6 +135,9 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
             # never ran: give the reservation back
             gw.spawn(gw.limiter.settle(admission, tokens=0, cost_micros=0))
             raise
+        admission, decision = await admit_exactly(
+            gw, admission, call=call, price=order[0].price, key=key,
+            model=order[0].config.model_name, adapter=plan.adapter is not None)
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
                     span=span, dispatches=dispatches)

@@ -184,9 +184,20 @@ def failed(error: APIError | UpstreamFailure) -> Failed:
 
 
 def estimated_prompt_tokens(request: OpenAIRequest, *, chat: bool) -> int:
-    """Without the tokenizer: 4 characters a token, plus per-message framing."""
+    """Without the tokenizer: 4 characters a token, plus a token for every byte of text
+    outside ASCII (the most a byte-level tokenizer spends on it: emoji, CJK and Cyrillic
+    take far more than a quarter token a character), plus per-message framing."""
     count = len(request.messages) if chat else 1  # type: ignore[union-attr]
-    return request.prompt_chars() // 4 + 4 * count + 1
+    return request.prompt_chars() // 4 + _non_ascii_bytes(request, chat=chat) + 4 * count + 1
+
+
+def _non_ascii_bytes(request: OpenAIRequest, *, chat: bool) -> int:
+    """UTF-8 bytes outside ASCII in the prompt's text (pydantic writes them unescaped)."""
+    raw = request.model_dump_json(include={"messages", "tools"} if chat else {"prompt"})
+    if raw.isascii():
+        return 0
+    data = raw.encode()
+    return len(data) - len(data.decode("ascii", "ignore"))
 
 
 def rough_call(request: OpenAIRequest, *, chat: bool, window: int,

@@ -127,6 +127,9 @@ class InProcessLimiter:
     ) -> None:
         bucket = math.floor(now)
         expires_at = now + self._lease_s
+        if not request.hold:
+            tokens = 0
+        cost = request.cost_micros if request.hold else 0
         for state in states:
             state.requests.add(bucket, 1)
             state.tokens.add(bucket, tokens)
@@ -136,10 +139,8 @@ class InProcessLimiter:
             if counter is None:
                 counter = _Counter(0, now + request.budget.period_ttl_s)
                 self._budgets[(request.budget.scope, request.budget.period)] = counter
-            counter.micros += request.cost_micros
-        self._reservations[request.request_id] = _Reservation(
-            bucket, tokens, request.cost_micros, expires_at
-        )
+            counter.micros += cost
+        self._reservations[request.request_id] = _Reservation(bucket, tokens, cost, expires_at)
 
     async def resize(self, request: AdmissionRequest) -> Decision:
         now = self._clock()

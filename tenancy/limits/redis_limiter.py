@@ -191,6 +191,7 @@ class RedisLimiter:
                 self._keys.in_flight(scope),
             ]
             args += [_arg(limits.rpm), _arg(limits.tpm), _arg(limits.max_concurrent)]
+        args.append("1" if request.hold else "0")
         keys.append(self._keys.reservation(request.request_id))
         if request.budget is not None:
             keys.append(self._keys.budget(request.budget.scope, request.budget.period))

@@ -11,7 +11,8 @@ _COMMON = """
 --       and [3n+2] the budget counter when there is a budget.
 -- ARGV: [1] scope count n, [2] request id, [3] tokens, [4] cost micros, [5] lease seconds,
 --       [6] window seconds, [7] budget cap ('' = no budget), [8] budget ttl seconds,
---       then per scope i: [6+3i] rpm, [7+3i] tpm, [8+3i] max concurrent ('' = unlimited).
+--       then per scope i: [6+3i] rpm, [7+3i] tpm, [8+3i] max concurrent ('' = unlimited),
+--       then [9+3n] '1' to reserve the tokens and cost checked, '0' to check them only.
 -- Returns {admitted, reason, refused scope index, retry seconds, now,
 --          then per scope: requests, newest request bucket, tokens, newest token bucket}.
 if redis.replicate_commands then redis.replicate_commands() end
@@ -24,6 +25,7 @@ local tokens = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
 local lease = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
+local hold = ARGV[9 + 3 * n] ~= '0'
 local oldest = second - window
 
 local function load(key)
@@ -111,6 +113,7 @@ end
 
 if reason == '' then
   local lease_ttl = math.ceil(lease)
+  if not hold then tokens, cost = 0, 0 end
   for i = 1, n do
     redis.call('HINCRBY', KEYS[3 * i - 2], second, 1)
     redis.call('EXPIRE', KEYS[3 * i - 2], window_ttl)

@@ -34,6 +34,10 @@ class AdmissionRequest:
     tokens: int  # reserved TPM tokens: prompt + max output
     cost_micros: int = 0  # reserved spend: the most this request can cost
     budget: Budget | None = None
+    # False: admission checks `tokens` and `cost_micros` (an estimate) but reserves only the
+    # request (RPM, concurrency); `resize` then reserves the exact figures. An estimate held
+    # by every request of a burst would keep the exact ones out (all refused, none served).
+    hold: bool = True
 
 
 @dataclass(frozen=True)

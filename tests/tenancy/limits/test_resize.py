@@ -126,3 +126,26 @@ async def test_an_unreserved_request_is_admitted_as_it_is(limiter: Limiter) -> N
                                             budget=BUDGET))
     assert decision.admitted
     assert await used_tokens(limiter) == 0
+
+
+async def test_an_unheld_admission_checks_the_estimate_and_reserves_nothing(
+        limiter: Limiter) -> None:
+    first = replace(request("r1", 400, cost=300, budget=BUDGET), hold=False)
+    assert (await limiter.admit(first)).admitted
+    assert await used_tokens(limiter) == 0
+    assert await limiter.spent_micros(BUDGET) == 0
+    too_big = replace(request("r2", TPM + 1), hold=False)
+    assert (await limiter.admit(too_big)).reason == "tpm"
+    assert (await limiter.resize(replace(first, hold=True, tokens=450))).admitted
+    assert await used_tokens(limiter) == 450
+
+
+async def test_a_burst_of_unheld_estimates_serves_what_fits(limiter: Limiter) -> None:
+    """Estimates four times too low, 24 at once: as many exact ones as the TPM holds."""
+    burst = [replace(request(f"r{n}", 110), hold=False) for n in range(24)]
+    decisions = await asyncio.gather(*(limiter.admit(r) for r in burst))
+    assert all(d.admitted for d in decisions)
+    exact = [replace(r, hold=True, tokens=430) for r in burst]
+    resized = await asyncio.gather(*(limiter.resize(r) for r in exact))
+    assert sum(d.admitted for d in resized) == TPM // 430
+    assert await used_tokens(limiter) == 430 * (TPM // 430)
