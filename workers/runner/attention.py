@@ -23,6 +23,15 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
 Grouped-query attention folds the query heads of a KV head into the query length, so K and V
 are never repeated.
 
+Sliding windows (Mistral, Gemma 2 and 3) and soft-capped scores (Gemma 2) are arguments of
+`paged_attention`, per layer, on the one metadata of the step: a layer whose window cuts some
+context gets a variant of it (`AttentionMetadata.for_layer`, built once a step) whose gathers
+start at the block of each query's first visible position, so blocks wholly before the window
+are never read. The decode kernels start their walk at len - window, the vec and AMX prefill
+kernels mask per query, the flash split takes the window in runs (`flash_prefill`), and the
+masked path cuts its mask. Soft-capping is done by both decode kernels and by the torch
+paths; a soft-capped layer's prefill chunks take `masked` (`_prefill_kernel_for`).
+
 An int8 pool (`kv_cache_dtype: int8`, `kv_quant`) has rows of head_dim int8 values and their
 float32 scale: writes quantize each new row, gathers dequantize what they gathered (into a
 reused buffer) before SDPA, and the C decode kernel reads the int8 rows in place.
@@ -193,11 +202,9 @@ _CHUNK_KERNELS = {"amx": amx_prefill.prefill_attention, "vec": vec_prefill.prefi
 
 def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) -> str:
     """Which prefill kernel serves a layer with this window and soft-capping: the one place
-    that routes a layer away from a kernel that cannot serve it. No fused prefill kernel
-    soft-caps, so soft-capped layers take `masked`."""
-    if softcap is not None or (window is not None and kernel == "flash"):
-        return "masked"
-    return kernel
+    that routes a layer away from a kernel that cannot serve it. Every kernel takes a
+    window; no fused prefill kernel soft-caps, so soft-capped layers take `masked`."""
+    return "masked" if softcap is not None else kernel
 
 
 def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None) -> bool:
@@ -421,8 +428,14 @@ def paged_attention(
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
         if chunk.pieces is None:
-            parts.append(whole(q[rows], k[rows], v[rows], None, None, scale, window=window)
-                         if whole else _prefill_fresh(q[rows], k[rows], v[rows], scale))
+            if whole:
+                parts.append(whole(q[rows], k[rows], v[rows], None, None, scale, window=window))
+            elif window is not None and chunk.q_len > window:  # flash: the window cuts it
+                empty = k.new_empty(k.shape[1], 0, k.shape[2])
+                parts.append(cached_chunk_attention(q[rows], empty, empty, k[rows], v[rows],
+                                                    scale, window=window))
+            else:
+                parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
         if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
@@ -432,7 +445,7 @@ def paged_attention(
             parts.append(whole(q[rows], k[rows], v[rows], ctx_k, ctx_v, scale, window=window)
                          if whole
                          else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
-                                                     scale))
+                                                     scale, window=window))
         else:
             parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale, softcap))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -215,3 +215,25 @@ def test_vec_and_amx_prefill_kernels_take_a_window_on_each_build(dtype):
                                                           window=window))
             for out in outs:
                 torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_split_with_a_window(dtype):
+    """Runs of `window` queries, each with its own keys, the range all of them see and the
+    reversed triangle: windows of 1, odd sizes, equal to the chunk, one short of the whole;
+    contexts of 0, shorter than and longer than the window; GQA groups of 3."""
+    from workers.runner import flash_prefill
+
+    if not flash_prefill.fits(CPU):
+        pytest.skip("no fused CPU attention kernel in this torch")
+    g = torch.Generator().manual_seed(5)
+    for context, q_len, window in [(0, 20, 1), (0, 20, 7), (5, 20, 7), (40, 33, 9),
+                                   (40, 33, 33), (3, 30, 32), (100, 17, 64), (10, 64, 16)]:
+        q = torch.randn(q_len, 6, 16, generator=g).to(dtype)
+        k_new, v_new = (torch.randn(q_len, 2, 16, generator=g).to(dtype) for _ in range(2))
+        k_ctx, v_ctx = (torch.randn(2, context, 16, generator=g).to(dtype) for _ in range(2))
+        out = flash_prefill.cached_chunk_attention(q, k_ctx, v_ctx, k_new, v_new, 0.25,
+                                                   window=window)
+        ref = dense_chunk(q, k_new, v_new, k_ctx, v_ctx, 0.25, window)
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
