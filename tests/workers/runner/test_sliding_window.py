@@ -80,13 +80,13 @@ def test_first_visible_matches_transformers_sliding_window():
 
 
 @pytest.mark.parametrize("window", [1, 5, 8, 12, 100])
-@pytest.mark.parametrize("block", [4, 16])
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (4, 4), (8, 1)])
-def test_torch_paths_honour_the_window(window, block, num_heads, num_kv_heads):
-    tensors, batch = build(DECODES + CHUNKS, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                           block=block)
-    out, ref = run(tensors, batch, block=block, window=window)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+def test_torch_paths_honour_the_window(window):
+    """Decode groups and masked chunks, with GQA groups of 3, 1 and 8 and blocks of 4, 16."""
+    for block, (num_heads, num_kv_heads) in [(4, (6, 2)), (16, (4, 4)), (4, (8, 1))]:
+        tensors, batch = build(DECODES + CHUNKS, num_heads=num_heads,
+                               num_kv_heads=num_kv_heads, block=block)
+        out, ref = run(tensors, batch, block=block, window=window)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 8])
@@ -237,3 +237,54 @@ def test_flash_split_with_a_window(dtype):
         ref = dense_chunk(q, k_new, v_new, k_ctx, v_ctx, 0.25, window)
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(("decode", "prefill"), [("torch", "masked"), ("cpu", "flash"),
+                                                 ("cpu", "vec"), ("cpu", "amx"),
+                                                 ("triton", "masked")])
+def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
+    """Those blocks are filled with NaN after the reference is taken: any read of them
+    (even at weight 0) would show in the output."""
+    skip_unless_runs(decode, prefill)
+    head_dim, dtype = kernel_params(decode, prefill)
+    window, block = 6, 4
+    seqs = [(s, n) for s, n in DECODES + CHUNKS if decode != "triton" or n == 1]
+    tensors, batch = build(seqs, head_dim=head_dim, block=block, dtype=dtype)
+    device = torch.device("cuda" if decode == "triton" and torch.cuda.is_available() else "cpu")
+    q, k, v, k_cache, v_cache = (t.to(device) for t in tensors)
+    meta = build_metadata(batch, block, 2, 3, device, dtype,
+                          decode_kernel=None if decode == "torch" else decode,
+                          prefill_kernel=prefill)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    scale = head_dim**-0.5
+    ref = reference_attention(q.cpu(), k_cache.cpu(), v_cache.cpu(), layout(batch), block,
+                              scale, window=window)
+    poisoned = 0
+    for start, _, table in batch:
+        for b in table[: first_visible(start, window) // block]:
+            k_cache[b], v_cache[b] = float("nan"), float("nan")
+            poisoned += 1
+    assert poisoned > 5
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, scale, block, window=window).cpu()
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_a_layer_variant_is_built_once_a_step_and_only_where_the_window_cuts():
+    _, batch = build(DECODES + CHUNKS)
+    meta = build_metadata(batch, 4, 2, 3, CPU, prefill_kernel="flash")
+    assert meta.for_layer(None, None) is meta
+    assert meta.for_layer(41, None) is meta  # longer than every context: nothing to cut
+    windowed = meta.for_layer(8, None)
+    assert windowed is meta.for_layer(8, None) and windowed.window == 8
+    capped = meta.for_layer(None, 30.0)
+    assert capped is not windowed and capped.prefill_kernel == "masked"
+    # rows x heads x blocks: the row of context 40 needs blocks 8-9 only (positions 32-39),
+    # the widest is context 13's, blocks 1-3 (positions 5-12): 3 blocks a row, not 10
+    assert meta.for_layer(None, 30.0).decode_groups[0].pieces.numel() == 5 * 2 * 10
+    assert windowed.decode_groups[0].pieces.numel() == 5 * 2 * 3
+    # the chunk at 30 gathers its context from block 5 (position 23 is its first visible)
+    chunk = windowed.prefills[4]
+    assert (chunk.cached, chunk.pieces.numel()) == (30 - 20, 3 * 2)
+    with pytest.raises(ValueError, match="at least 1"):
+        meta.for_layer(0, None)
