@@ -9,6 +9,14 @@ name while it waits on the free list, oldest-freed first out (LRU), so a later r
 the same prefix, salt and adapter takes it back instead of recomputing. A hit is verified
 against the stored key, so a hash collision can never serve wrong KV, and a different salt
 (tenant) or adapter never hits.
+
+Sliding windows: where every layer that reads the pool attends within `window` positions
+(Mistral; not Gemma 2 or 3, whose global layers read everything), a sequence gives back the
+blocks wholly before the window of the next position it computes, as it is scheduled: its
+table keeps their places as `RELEASED`, so positions still map to `table[pos // block_size]`.
+A block is named (prefix caching) before it is let go of, and a named block waits on the
+free list like any other, so a later request with the same prefix still hits it: its K/V
+depend on the tokens up to it only, not on what was kept of the sequence after.
 """
 
 from __future__ import annotations
@@ -20,11 +28,20 @@ from workers.engine import prefix_hash
 from workers.engine.prefix_hash import BlockKey, PrefixSummary
 from workers.engine.sequence import Sequence
 
+RELEASED = -1  # a table entry whose block was given back (wholly before the window)
+
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *, enable_caching: bool = False,
+                 window: int | None = None) -> None:
+        """`window`: every layer reading the pool sees only the `window` most recent
+        positions (HF's `sliding_window`), so blocks before them can be given back; None
+        where some layer (or a draft model sharing the tables) reads whole contexts."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
+        if window is not None and window < 1:
+            raise ValueError("window must be positive")
+        self.window = window
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -70,12 +87,20 @@ class BlockManager:
         return max(needed, 0) + (1 if self._tail_needs_copy(seq) else 0)
 
     def can_allocate_slots(self, seq: Sequence, num_new_tokens: int, reserve: int = 0) -> bool:
-        return self.blocks_needed(seq, num_new_tokens) + reserve <= self.num_free_blocks
+        """Whether the pool has the blocks, counting those `allocate_slots` gives back first
+        (before the window) that no other sequence holds."""
+        free = self.num_free_blocks
+        if self.window is not None:
+            table = seq.block_table
+            free += sum(self.ref_counts[table[i]] == 1 for i in self._before_window(seq))
+        return self.blocks_needed(seq, num_new_tokens) + reserve <= free
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Grow the block table; return (src, dst) KV copies the runner must do first."""
         if self.enable_caching:
             self._register_computed(seq)
+        if self.window is not None:
+            self._release_before_window(seq)
         copies = []
         if self._tail_needs_copy(seq):
             index = seq.num_computed_tokens // self.block_size
@@ -115,7 +140,8 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Share every block of the parent with the child."""
         for block_id in parent.block_table:
-            self.ref_counts[block_id] += 1
+            if block_id != RELEASED:
+                self.ref_counts[block_id] += 1
         child.block_table = list(parent.block_table)
         child.num_computed_tokens = parent.num_computed_tokens
         child.block_hashes = list(parent.block_hashes)
@@ -139,12 +165,35 @@ class BlockManager:
             self._register_computed(seq)
         now = time.monotonic()
         for block_id in reversed(seq.block_table):
-            self.last_used[block_id] = now
-            self.ref_counts[block_id] -= 1
-            if self.ref_counts[block_id] == 0:
-                self.free_block_ids[block_id] = None
+            if block_id != RELEASED:
+                self._let_go(block_id, now)
         seq.block_table = []
         seq.num_computed_tokens = 0
+
+    def _let_go(self, block_id: int, now: float) -> None:
+        self.last_used[block_id] = now
+        self.ref_counts[block_id] -= 1
+        if self.ref_counts[block_id] == 0:
+            self.free_block_ids[block_id] = None
+
+    def _before_window(self, seq: Sequence) -> list[int]:
+        """The held blocks wholly before the first position the next computed one sees
+        (`num_computed_tokens - window + 1`; later positions see even less), by index.
+        Released entries form a prefix of the table, so the walk back stops at the first."""
+        assert self.window is not None
+        first = seq.num_computed_tokens - self.window + 1
+        indices = []
+        for index in range(min(first // self.block_size, len(seq.block_table)) - 1, -1, -1):
+            if seq.block_table[index] == RELEASED:
+                break
+            indices.append(index)
+        return indices
+
+    def _release_before_window(self, seq: Sequence) -> None:
+        now = time.monotonic()
+        for index in self._before_window(seq):
+            self._let_go(seq.block_table[index], now)
+            seq.block_table[index] = RELEASED
 
     def _register_computed(self, seq: Sequence) -> None:
         """Name every full block whose tokens are computed, so later requests can reuse it."""
@@ -153,8 +202,8 @@ class BlockManager:
         for i in range(num_full):
             block_id = seq.block_table[i]
             block_hash = seq.block_hashes[i]
-            if block_id in self.block_keys or block_hash in self.cached:
-                continue  # already named, or an identical block is cached already
+            if block_id == RELEASED or block_id in self.block_keys or block_hash in self.cached:
+                continue  # given back (named before), already named, or cached already
             self.cached[block_hash] = block_id
             self.block_keys[block_id] = (block_hash, self._key(seq, i))
 

@@ -39,7 +39,7 @@ reused buffer) before SDPA, and the C decode kernel reads the int8 rows in place
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -268,6 +268,16 @@ def first_visible(pos: int, window: int | None) -> int:
     query i where `j > i - window` (transformers' `sliding_window_overlay`), so a window of
     w is the w most recent positions, the query's own included."""
     return 0 if window is None else max(0, pos - window + 1)
+
+
+def pool_window(windows: Iterable[int | None]) -> int | None:
+    """The window by which a sequence's old blocks may be given back (`BlockManager(window=)`):
+    the widest of the layers' windows where every layer has one (Mistral), else None (some
+    layer reads whole contexts: Gemma 2 and 3's global layers; or no layer is given)."""
+    windows = list(windows)
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
 
 
 def _decode_groups(

@@ -243,8 +243,11 @@ def test_flash_split_with_a_window(dtype):
                                                  ("cpu", "vec"), ("cpu", "amx"),
                                                  ("triton", "masked")])
 def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
-    """Those blocks are filled with NaN after the reference is taken: any read of them
-    (even at weight 0) would show in the output."""
+    """Those blocks are filled with NaN after the reference is taken, and their table entries
+    are `RELEASED` (-1), as the block manager leaves them when it gives them back: any read
+    of them (even at weight 0) would show in the output, or fail."""
+    from workers.engine.block_manager import RELEASED
+
     skip_unless_runs(decode, prefill)
     head_dim, dtype = kernel_params(decode, prefill)
     window, block = 6, 4
@@ -252,7 +255,9 @@ def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
     tensors, batch = build(seqs, head_dim=head_dim, block=block, dtype=dtype)
     device = torch.device("cuda" if decode == "triton" and torch.cuda.is_available() else "cpu")
     q, k, v, k_cache, v_cache = (t.to(device) for t in tensors)
-    meta = build_metadata(batch, block, 2, 3, device, dtype,
+    released = [(start, n, [RELEASED if i < first_visible(start, window) // block else b
+                            for i, b in enumerate(table)]) for start, n, table in batch]
+    meta = build_metadata(released, block, 2, 3, device, dtype,
                           decode_kernel=None if decode == "torch" else decode,
                           prefill_kernel=prefill)
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
@@ -260,10 +265,11 @@ def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
     ref = reference_attention(q.cpu(), k_cache.cpu(), v_cache.cpu(), layout(batch), block,
                               scale, window=window)
     poisoned = 0
-    for start, _, table in batch:
-        for b in table[: first_visible(start, window) // block]:
-            k_cache[b], v_cache[b] = float("nan"), float("nan")
-            poisoned += 1
+    for (_, _, table), (_, _, kept) in zip(batch, released, strict=True):
+        for b, entry in zip(table, kept, strict=True):
+            if entry == RELEASED:
+                k_cache[b], v_cache[b] = float("nan"), float("nan")
+                poisoned += 1
     assert poisoned > 5
     out = paged_attention(q, k, v, k_cache, v_cache, meta, scale, block, window=window).cpu()
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
@@ -288,3 +294,12 @@ def test_a_layer_variant_is_built_once_a_step_and_only_where_the_window_cuts():
     assert (chunk.cached, chunk.pieces.numel()) == (30 - 20, 3 * 2)
     with pytest.raises(ValueError, match="at least 1"):
         meta.for_layer(0, None)
+
+
+def test_the_pool_window_is_the_widest_where_every_layer_has_one():
+    from workers.runner.attention import pool_window
+
+    assert pool_window([4096] * 4) == 4096
+    assert pool_window([512, 1024]) == 1024
+    assert pool_window([512, None, 512]) is None  # Gemma: global layers read everything
+    assert pool_window([]) is None
