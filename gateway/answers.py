@@ -16,39 +16,41 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.response_cache import CacheUse, Hit, cacheable, fresh
 from gateway.routing.fallback import Started
+from gateway.surfaces import Surface
 from gateway.ticket import Ticket
 from workers.protocol.events import Failed, aclose
-from workers.protocol.render import DONE, Fold, StreamRenderer, events_of_response, replay
+from workers.protocol.render import Fold, events_of_response, replay
 from workers.protocol.requests import ChatCompletionRequest
 
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, str]
-          ) -> Response:
+def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, str],
+          surface: Surface) -> Response:
     response = fold.response()
     ticket.close("ok")
     keep(ticket, use, response)
     if ticket.gw.settings.log_prompts:
         log_completion(response)
-    return Response(_json(response), media_type="application/json", headers=headers)
+    body = response if surface.whole is None else surface.whole(fold)
+    return Response(_json(body), media_type="application/json", headers=headers)
 
 
-def streamed(ticket: Ticket, answer: Started, use: CacheUse | None, headers: dict[str, str]
-             ) -> StreamingResponse:
-    return StreamingResponse(_relay(ticket, answer, use), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, **headers})
+def streamed(ticket: Ticket, answer: Started, use: CacheUse | None, headers: dict[str, str],
+             surface: Surface) -> StreamingResponse:
+    return StreamingResponse(_relay(ticket, answer, use, surface),
+                             media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
-async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None
+async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface: Surface
                  ) -> AsyncIterator[bytes]:
-    """The events as SSE. The usage is recorded before the last byte goes out; leaving early
-    (the client is gone) closes the events, which aborts the upstream."""
+    """The events as the surface's SSE. The usage is recorded before the last byte goes out;
+    leaving early (the client is gone) closes the events, which aborts the upstream."""
     status = "aborted"
     request = ticket.call.request
     chat = isinstance(request, ChatCompletionRequest)
-    renderer = StreamRenderer(chat=chat, include_usage=request.include_usage)
+    renderer = surface.stream(request, ticket.call.prompt_tokens)
     log_prompts = ticket.gw.settings.log_prompts
     fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts else None
     broken = False
@@ -71,7 +73,7 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None
         status = "ok" if ticket.call.usage.finished and not broken else "error"
         ticket.close(status)
         if not broken:
-            yield DONE
+            yield renderer.done()
     finally:
         try:
             await aclose(events)  # aborts the upstream if the client left
@@ -84,8 +86,8 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None
         keep(ticket, use, response)
 
 
-def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, str], *,
-               stream: bool) -> Response:
+def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, str],
+               surface: Surface, *, stream: bool) -> Response:
     """A stored answer under this request's id, billed as wholly cached."""
     request = ticket.call.request
     body = fresh(hit, response_id=response_id, model=request.model)
@@ -101,13 +103,17 @@ def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, st
     headers = {**headers, "x-cache": "hit", "x-cache-kind": hit.kind}
     if hit.similarity is not None:
         headers["x-cache-similarity"] = f"{hit.similarity:.4f}"
+    events = events_of_response(body, chat=surface.chat)
     if stream:
-        chat = isinstance(request, ChatCompletionRequest)
-        chunks = replay(events_of_response(body, chat=chat), chat=chat,
-                        include_usage=request.include_usage)
+        chunks = replay(events, surface.stream(request, metered.prompt_tokens))
         return StreamingResponse(_replayed(ticket, chunks), media_type="text/event-stream",
                                  headers={**SSE_HEADERS, **headers})
     ticket.close("ok")
+    if surface.whole is not None:
+        fold = Fold(chat=surface.chat)
+        for event in events:
+            fold.add(event)
+        body = surface.whole(fold)
     return Response(_json(body), media_type="application/json", headers=headers)
 
 

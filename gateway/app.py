@@ -16,7 +16,16 @@ from gateway.body_guard import BodyRefused
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
-from gateway.routes import adapters, embeddings, health, metrics, openai, tenant, usage
+from gateway.routes import (
+    adapters,
+    embeddings,
+    health,
+    messages,
+    metrics,
+    openai,
+    tenant,
+    usage,
+)
 from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
 from gateway.state import close_state, open_state
@@ -48,6 +57,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(metrics.router)
     app.include_router(openai.router)
     app.include_router(embeddings.router)
+    app.include_router(messages.router)
     app.include_router(usage.router)  # before tenant's: its /v1/usage supersedes that one
     app.include_router(tenant.router)
     app.include_router(adapters.router)
@@ -69,7 +79,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
 def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> Response:
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:
@@ -90,7 +100,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         if isinstance(exc, BodyRefused):  # 413 or 408 while the body was being received
-            return exc.response()
+            return exc.response(request.url.path)
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
         code = "body_too_large" if exc.status_code == 413 else None
         return JSONResponse(error_body(str(exc.detail), type_, code),
@@ -105,5 +115,5 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> Response:
         # Logged by GatewayMiddleware, inside the request's log context and span: this
         # handler runs outside every middleware, where the request's ids are gone.
-        return JSONResponse(error_body("The server had an error processing your request.",
-                                       "server_error"), status_code=500)
+        return APIError(500, "The server had an error processing your request.",
+                        type_="server_error").response(request.url.path)

@@ -104,10 +104,10 @@ class AuthThrottle:
             await APIError(429, "Too many failed authentication attempts from your address; "
                            "retry later.", code="too_many_auth_failures",
                            headers={"retry-after": str(math.ceil(wait_s))}
-                           ).response()(scope, receive, send)
+                           ).response(path)(scope, receive, send)
             return
         credentials = (path == LOGIN_PATH and scope.get("method") == "POST") or any(
-            name == b"authorization" for name, _ in scope["headers"])
+            name in (b"authorization", b"x-api-key") for name, _ in scope["headers"])
 
         async def send_observed(message: Message) -> None:
             if message["type"] == "http.response.start":

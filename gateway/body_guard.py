@@ -38,8 +38,8 @@ class BodyRefused(HTTPException):
         self.code = error.code
         self._error = error
 
-    def response(self) -> Response:
-        return self._error.response()
+    def response(self, path: str = "") -> Response:
+        return self._error.response(path)
 
 
 class BodyTooLarge(BodyRefused):

@@ -1,4 +1,6 @@
-"""Every error leaves the gateway in OpenAI's shape: {"error": {message, type, param, code}}."""
+"""Every error leaves the gateway in the shape of the API it came in on: OpenAI's
+{"error": {message, type, param, code}}, or under /v1/messages Anthropic's
+{"type": "error", "error": {type, message}} (overloaded there is its 529)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,34 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str = "") -> JSONResponse:
+        """The error as answered on `path` (the API's shape follows the path)."""
+        if is_anthropic(path):
+            return JSONResponse(anthropic_error(self.status, self.message),
+                                status_code=529 if self.status == 503 else self.status,
+                                headers=self.headers)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+ANTHROPIC_PATH = "/v1/messages"
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 402: "billing_error",
+    403: "permission_error", 404: "not_found_error", 408: "timeout_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+    529: "overloaded_error"}
+
+
+def is_anthropic(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def anthropic_error_type(status: int) -> str:
+    return ANTHROPIC_ERROR_TYPES.get(
+        status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_error(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
 
 
 def error_body(

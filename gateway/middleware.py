@@ -109,11 +109,12 @@ class GatewayMiddleware:
             except BodyRefused as exc:  # the app's handler answers it; this is a safety net
                 if status:
                     raise
-                await exc.response()(scope, receive, send)
+                await exc.response(scope.get("path", ""))(scope, receive, send)
             except Exception as exc:
                 if body.timed_out:  # whatever broke, it broke on the late body (logged below)
                     if not status:
-                        await BodyTimedOut(body.timeout_s).response()(scope, receive, send)
+                        await BodyTimedOut(body.timeout_s).response(scope.get("path", ""))(
+                            scope, receive, send)
                 elif body.disconnected:  # whatever broke, it broke because the client left
                     status = 499
                     logger.debug("client disconnected mid-body on %s %s (%s)",
@@ -192,7 +193,7 @@ class TenantUploadGuard:
             try:
                 await scope["app"].state.gateway.keys.tenant(_authorization(scope))
             except APIError as exc:
-                await exc.response()(scope, receive, send)
+                await exc.response(scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -220,7 +221,7 @@ class AdminGuard:
             try:
                 admin = await scope["app"].state.gateway.keys.admin(_authorization(scope))
             except APIError as exc:
-                await exc.response()(scope, receive, send)
+                await exc.response(scope.get("path", ""))(scope, receive, send)
                 return
             scope.setdefault("state", {})["admin"] = admin
         await self.app(scope, receive, send)

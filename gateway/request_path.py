@@ -54,15 +54,11 @@ from gateway.routing.fallback import AllAttemptsFailed, TooLong
 from gateway.routing.router import plan_route
 from gateway.settlement import Clock
 from gateway.state import GatewayState
+from gateway.surfaces import CHAT, COMPLETIONS, Surface
 from gateway.ticket import Ticket
 from tenancy.context import PlanLimits
 from workers.protocol.render import Fold
-from workers.protocol.requests import (
-    OpenAIRequest,
-    RequestError,
-    parse_request,
-    request_error,
-)
+from workers.protocol.requests import OpenAIRequest, RequestError, request_error
 
 T = TypeVar("T")
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
@@ -82,17 +78,23 @@ def engine_share(tenant_id: str, plan: PlanLimits, asked: int | None) -> EngineS
 
 
 async def serve_completion(request: Request, *, chat: bool) -> Response:
+    return await serve(request, CHAT if chat else COMPLETIONS)
+
+
+async def serve(request: Request, surface: Surface) -> Response:
+    """One request on `surface` (chat, completions, Anthropic messages), start to end."""
     clock = Clock()
+    chat = surface.chat
     gw: GatewayState = request.app.state.gateway
     scope_state = request.scope["state"]
     tracing, span = gw.tracing, current_span()  # the request's span (GatewayMiddleware)
     with tracing.span("auth"):
-        key = await gw.keys.tenant(request.headers.get("authorization"))
+        key = await gw.keys.tenant(credentials(request, surface))
     bind_tenant(key.tenant_id)
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
-        body = parse_body(raw, chat=chat)
+        body = parse_body(raw, surface=surface)
         annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
                         attr.STREAM: bool(body.stream)})
         if gw.settings.log_prompts:
@@ -121,7 +123,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
 
         with tracing.span("prepare"):
             order, call = await first_that_fits(plan.order, estimate, threaded=False)
-    engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    engine_id = f"{surface.id_prefix}-{uuid.uuid4().hex}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price,
                                   exact=not order[0].tokenizes)
@@ -149,7 +151,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         if use is not None and use.lookup:
             gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
         if hit is not None:
-            return answers.from_cache(ticket, hit, engine_id, headers, stream=body.stream)
+            return answers.from_cache(ticket, hit, engine_id, headers, surface,
+                                      stream=body.stream)
         headers["x-cache"] = "miss"
         clock.dispatched()
         work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
@@ -166,8 +169,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
         headers["x-switchboard-deployment"] = served.deployment.name
         headers["x-switchboard-attempts"] = str(served.attempts)
         if isinstance(served.result, Fold):
-            return answers.whole(ticket, served.result, use, headers)
-        return answers.streamed(ticket, served.result, use, headers)
+            return answers.whole(ticket, served.result, use, headers, surface)
+        return answers.streamed(ticket, served.result, use, headers, surface)
     except AllAttemptsFailed as exc:
         ticket.close("error")
         raise exc.as_error(headers) from None
@@ -221,11 +224,19 @@ def asked_tier(request: Request) -> str | None:
     return tier
 
 
-def parse_body(raw: bytes, *, chat: bool) -> OpenAIRequest:
-    try:
-        return parse_request(raw, chat=chat)
-    except RequestError as exc:
-        raise as_api_error(exc) from None
+def parse_body(raw: bytes, *, surface: Surface) -> OpenAIRequest:
+    """The surface's body as the canonical request, or a 400 naming the field at fault."""
+    return surface.parse(raw)
+
+
+def credentials(request: Request, surface: Surface) -> str | None:
+    """The Authorization header, or the surface's own key header (Anthropic's `x-api-key`)."""
+    authorization = request.headers.get("authorization")
+    if authorization is None and surface.api_key_header is not None:
+        key = request.headers.get(surface.api_key_header)
+        if key is not None:
+            return f"Bearer {key}"
+    return authorization
 
 
 def validation_error(exc: ValidationError) -> APIError:

@@ -26,8 +26,8 @@ from sqlalchemy import select
 
 from gateway.app import create_app
 from gateway.deployments.base import engine_adapter_name
-from gateway.request_path import parse_body
 from gateway.routing.prefix import cached_tokens, load_tokenizer
+from gateway.surfaces import CHAT
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.models import UsageRecord
 from tests.dbutil import migrated_database
@@ -228,7 +228,7 @@ async def test_follow_up_turns_go_to_the_worker_holding_the_conversation(
                                json={"drain": False}))
 
     async def affinity(tenant_id: str, request: dict[str, object]) -> dict[str, int]:
-        parsed = parse_body(json.dumps(request).encode(), chat=True)
+        parsed = CHAT.parse(json.dumps(request).encode())
         return (await cached_tokens(pool, parsed, tenant_id=tenant_id)).cached
 
     body: dict[str, object] = {**chat_body(6), "messages": messages}

@@ -59,8 +59,12 @@ class OtherDelta:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """A choice ended; `stop_sequence`: the stop string that ended it, where one did (the
+    engine knows; OpenAI's shape has no place for it, Anthropic's has)."""
+
     index: int
     reason: str | None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from workers.protocol.events import (
     Event,
@@ -74,6 +74,10 @@ class StreamRenderer:
     @property
     def _object(self) -> str:
         return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def done(self) -> bytes:
+        """What ends a stream that did not fail."""
+        return DONE
 
     def render(self, event: Event) -> bytes:
         """The bytes for `event` (b"" for one the client is not sent)."""
@@ -149,10 +153,17 @@ async def sse(events: AsyncIterator[Event], *, chat: bool, include_usage: bool
         await aclose(events)
 
 
-def replay(events: Iterable[Event], *, chat: bool, include_usage: bool) -> list[bytes]:
+class Renderer(Protocol):
+    """One answer's events as a surface's stream (OpenAI's, Anthropic's, ...)."""
+
+    def render(self, event: Event) -> bytes: ...
+
+    def done(self) -> bytes: ...
+
+
+def replay(events: Iterable[Event], renderer: Renderer) -> list[bytes]:
     """A stored answer as a live stream: text in word-sized pieces (about a token each),
     so a client sees a cache hit stream as it would a live answer."""
-    renderer = StreamRenderer(chat=chat, include_usage=include_usage)
     out: list[bytes] = []
     for event in events:
         if isinstance(event, TextDelta) and event.logprobs is None and event.text:
@@ -160,7 +171,7 @@ def replay(events: Iterable[Event], *, chat: bool, include_usage: bool) -> list[
         else:
             pieces = [event]
         out += [raw for piece in pieces if (raw := renderer.render(piece))]
-    return [*out, DONE]
+    return [*out, renderer.done()]
 
 
 @dataclass
@@ -171,6 +182,7 @@ class _Choice:
     logprobs: dict[str, Any] | None = None
     finished: bool = False
     reason: str | None = None
+    stop_sequence: str | None = None
 
 
 class Fold:
@@ -208,6 +220,13 @@ class Fold:
                 choice.other[key] = _joined(choice.other.get(key), value)
         else:
             choice.finished, choice.reason = True, event.reason
+            choice.stop_sequence = event.stop_sequence
+
+    def stop_sequence(self, index: int = 0) -> str | None:
+        """The stop string that ended a choice, where the deployment said (not in OpenAI's
+        response shape)."""
+        choice = self._choices.get(index)
+        return None if choice is None else choice.stop_sequence
 
     @property
     def complete(self) -> bool:

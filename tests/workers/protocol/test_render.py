@@ -75,7 +75,8 @@ def chunks_of(raw: list[bytes]) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("response, chat", [(CHAT, True), (TEXT, False)])
 def test_a_stream_read_back_folds_to_the_same_response(response, chat):
     """Rendered as chunks, parsed as an upstream's stream, folded: the response again."""
-    raw = replay(events_of_response(response, chat=chat), chat=chat, include_usage=True)
+    raw = replay(events_of_response(response, chat=chat),
+                 StreamRenderer(chat=chat, include_usage=True))
     chunks = chunks_of(raw)
     events: list[Any] = [opened_of(chunks[0])]
     for chunk in chunks:
@@ -108,7 +109,7 @@ def test_chat_chunks_are_shaped_as_openai_streams_them():
 def test_usage_comes_last_and_null_before_when_asked():
     raw = replay([Opened("c", 1, "m"), TextDelta(0, "a b"), Finished(0, "stop"),
                   Usage(3, 2, 1, {"completion_tokens_details": {"reasoning_tokens": 0}})],
-                 chat=True, include_usage=True)
+                 StreamRenderer(chat=True, include_usage=True))
     chunks = chunks_of(raw)
     assert [c["choices"][0]["delta"].get("content") for c in chunks[:2]] == ["a", " b"]
     assert all(c["usage"] is None for c in chunks[:-1])
