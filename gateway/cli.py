@@ -7,6 +7,7 @@ import asyncio
 import os
 import ssl
 import sys
+from pathlib import Path
 
 from gateway.commands import tenancy as tenancy_commands
 from gateway.commands import usage as usage_commands
@@ -44,6 +45,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     chosen = {"host": args.host, "port": args.port, "server": args.server}
     settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
+    if refused := _refuse_model(settings.embedded_model, "SWITCHBOARD_EMBEDDED_MODEL"):
+        return refused
     if settings.server == "granian":  # its worker process reads the environment
         os.environ["SWITCHBOARD_SERVER"] = "granian"
         os.environ["SWITCHBOARD_HOST"] = settings.host
@@ -177,8 +180,27 @@ def _speculative_json(text: str) -> dict:
     return value
 
 
+def _refuse_model(model: str | None, setting: str) -> int:
+    """A model folder whose architecture the engine does not serve: one line on stderr and
+    exit status 2, before the database, the engine or the server start (0: go on). Read from
+    config.json alone; what is not a folder with one is left to the engine to judge."""
+    if model is None or not (Path(model) / "config.json").is_file():
+        return 0
+    from workers.runner.models import check_model_folder
+
+    try:
+        check_model_folder(model)
+    except ValueError as exc:
+        print(f"switchboard: {setting}={model}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
+
+    if refused := _refuse_model(args.model, "--model"):
+        return refused
 
     from workers.async_engine import AsyncLLMEngine
     from workers.server import WorkerOptions, create_app

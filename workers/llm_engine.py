@@ -152,9 +152,11 @@ class LLMEngine:
 
         from workers.model_files import resolve_model
         from workers.runner.model_runner import ModelRunner, RunnerConfig, pick_device, pick_dtype
+        from workers.runner.models import check_model_folder
 
         args = EngineArgs.from_kwargs(**kwargs)
         folder = resolve_model(args.model)
+        check_model_folder(folder)  # an unserved architecture: refused before anything loads
         hf_config = AutoConfig.from_pretrained(folder)
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or folder)
         device = pick_device(args.device)

@@ -64,12 +64,16 @@ class LoRAAdapter:
 def load_adapter(
     path: str | Path, *, name: str, max_rank: int, num_layers: int,
     shapes: dict[str, ModuleShape], dtype: torch.dtype = torch.float32,
+    family: str | None = None,
 ) -> LoRAAdapter:
-    """Validate and load; `shapes` are the base model's projection shapes (the base check)."""
+    """Validate and load; `shapes` are the base model's projection shapes by peft module name
+    (the base check), and name the modules an adapter may target (`SUPPORTED_MODULES` on
+    Llama-like families; Phi-3's fused `qkv_proj` and `gate_up_proj` instead of their parts).
+    `family` names the base model's family in refusals."""
     folder = Path(path)
     config = _read_config(folder)
     rank = _rank(config, max_rank)
-    targets = _targets(config)
+    targets = _targets(config, tuple(shapes) or SUPPORTED_MODULES, family)
     scale = _alpha(config, rank) / (math.sqrt(rank) if _flag(config, "use_rslora") else rank)
     tensors = _read_weights(folder)
     weights: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -167,15 +171,17 @@ def _check_finite(value: object, where: str) -> None:
             _check_finite(item, where)
 
 
-def _targets(config: dict[str, Any]) -> set[str]:
+def _targets(config: dict[str, Any], supported: tuple[str, ...] = SUPPORTED_MODULES,
+             family: str | None = None) -> set[str]:
     targets = config.get("target_modules")
     if not isinstance(targets, list) or not targets or not all(
             isinstance(t, str) for t in targets):
         raise AdapterError("adapter_config.json: target_modules must be a list of module names")
-    unsupported = sorted(set(targets) - set(SUPPORTED_MODULES))
+    unsupported = sorted(set(targets) - set(supported))
     if unsupported:
-        raise AdapterError(f"unsupported target modules: {', '.join(unsupported)} "
-                           f"(supported: {', '.join(SUPPORTED_MODULES)})")
+        base = f" on {family} models" if family else ""
+        raise AdapterError(f"unsupported target modules{base}: {', '.join(unsupported)} "
+                           f"(supported: {', '.join(supported)})")
     return set(targets)
 
 

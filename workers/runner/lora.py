@@ -57,14 +57,17 @@ class LoRASegments:
 class LoRASlots:
     def __init__(self, *, num_slots: int, max_rank: int, num_layers: int,
                  shapes: dict[str, ModuleShape], dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, packed: dict[str, tuple[str, ...]] | None = None) -> None:
+        """`packed`: the model's fused projections and their peft modules (default `PACKED`;
+        a checkpoint stored fused, Phi-3, has one module each)."""
+        self.packed = PACKED if packed is None else packed
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.a_t: dict[tuple[int, str], torch.Tensor] = {}
         self.b_t: dict[tuple[int, str], torch.Tensor] = {}  # keyed by (layer, member)
         # member -> (index in its fused projection, first output column, output width)
         self.layout: dict[str, tuple[str, int, int, int]] = {}
-        for packed, modules in PACKED.items():
+        for packed, modules in self.packed.items():
             offset = 0
             for i, module in enumerate(modules):
                 self.layout[module] = (packed, i, offset, shapes[module].out_features)
@@ -107,7 +110,7 @@ class LoRASlots:
               segments: LoRASegments) -> torch.Tensor:
         """out[rows] += x[rows] @ A.T @ B.T for each segment's slot; returns `out`."""
         a_t, width = self.a_t[(layer, packed)], self.max_rank
-        members = PACKED[packed]
+        members = self.packed[packed]
         for slot, start, end in segments.runs:
             targets = self.targets[slot]
             if targets.isdisjoint(members):
@@ -194,7 +197,7 @@ class LoRABatch:
             shrunk = torch.bmm(xs, slots.a_t[(layer, packed)][lo:hi])
             deltas = [torch.bmm(shrunk[:, :, i * width : (i + 1) * width],
                                 slots.b_t[(layer, module)][lo:hi])
-                      for i, module in enumerate(PACKED[packed])]
+                      for i, module in enumerate(slots.packed[packed])]
             delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1)
             out.index_add_(0, batched.dest,
                            delta.view(-1, out.shape[-1]).index_select(0, batched.valid))

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
-from workers.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, ModuleShape, load_adapter
+from workers.lora.adapter import LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import cpu_amx, kv_cache, token_mask
 from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
@@ -36,9 +36,10 @@ from workers.runner.linear import (
     linear_kernel,
     pick_linear_backend,
 )
-from workers.runner.loader import load_weights
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
-from workers.runner.model import LlamaModel
+from workers.runner.models import build_model, check_model_folder
+from workers.runner.models.layers import DecoderModel
+from workers.runner.models.weights import load_weights
 from workers.runner.quantization import (
     check_int8_compute,
     check_quantization,
@@ -100,7 +101,7 @@ def pick_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.d
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        self, model: DecoderModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         num_blocks: int, block_size: int, max_model_len: int, eos_token_ids: list[int],
         *, lora_slots: LoRASlots | None = None, max_lora_rank: int = 16,
         attention_backend: str = "torch", linear_backend: str = "torch",
@@ -133,6 +134,10 @@ class ModelRunner:
         if config.max_model_len:
             max_positions = max(max_positions, config.max_model_len)
         model, linear_backend = _build_model(config.model_path, hf_config, config, max_positions)
+        served_len = model.arch.max_model_len  # the longest this family serves exactly
+        if served_len is not None and config.max_model_len and config.max_model_len > served_len:
+            raise ValueError(f"{model.arch.family}: max_model_len {config.max_model_len} is "
+                             f"past the {served_len} positions served exactly")
         head_dim = model.layers[0].self_attn.head_dim
         kv_dtype = check_kv_cache_dtype(config.kv_cache_dtype, head_dim)
         backend = pick_attention_backend(
@@ -154,7 +159,7 @@ class ModelRunner:
             lora_slots = LoRASlots(
                 num_slots=config.max_loras, max_rank=config.max_lora_rank,
                 num_layers=hf_config.num_hidden_layers, shapes=projection_shapes(model),
-                dtype=config.dtype, device=config.device)
+                dtype=config.dtype, device=config.device, packed=model.lora_packing())
         budget = kv_cache.budget_bytes(
             config.device, config.kv_cache_memory, config.kv_cache_fraction
         )
@@ -167,7 +172,7 @@ class ModelRunner:
                                    huge_pages=config.kv_huge_pages)
         proposer = draft.proposer(num_blocks, config, prefill=prefill) if draft else None
         max_model_len = min(
-            config.max_model_len or hf_config.max_position_embeddings,
+            config.max_model_len or served_len or hf_config.max_position_embeddings,
             num_blocks * config.block_size,
         )
         return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
@@ -179,12 +184,13 @@ class ModelRunner:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
         return load_adapter(path, name=name, max_rank=self.max_lora_rank,
                             num_layers=self.model.config.num_hidden_layers,
-                            shapes=projection_shapes(self.model), dtype=self.dtype)
+                            shapes=projection_shapes(self.model), dtype=self.dtype,
+                            family=self.model.arch.family)
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput,
                 between_layers: Callable[[], None] | None = None) -> dict[int, SampleResult]:
-        """Run the step; `between_layers` is handed to the model (`LlamaModel.forward`)."""
+        """Run the step; `between_layers` is handed to the model (`DecoderModel.forward`)."""
         for seq_id in sched.finished_seq_ids:
             self._generators.pop(seq_id, None)
         if self.draft is not None:
@@ -324,10 +330,14 @@ class ModelRunner:
 
 
 def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions: int
-                 ) -> tuple[LlamaModel, str]:
-    """The model with its weights, projection kernel and quantization; and that kernel."""
+                 ) -> tuple[DecoderModel, str]:
+    """The model with its weights, projection kernel and quantization; and that kernel. The
+    family comes from the registry (`workers/runner/models`), which refuses an architecture it
+    does not serve before anything is read."""
+    check_model_folder(path)
     with torch.device(config.device):
-        model = LlamaModel(hf_config, max_positions).to(config.dtype)
+        model = build_model(hf_config, max_positions, max_model_len=(
+            config.max_model_len or hf_config.max_position_embeddings)).to(config.dtype)
     model.rotary.float()
     model.requires_grad_(False)
     load_weights(model, path)
@@ -359,7 +369,7 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
 class _DraftParts:
     """The draft model and its KV layout, before the pool (sized with the target's) exists."""
 
-    model: LlamaModel
+    model: DecoderModel
     spec: kv_cache.KVCacheSpec
 
     @classmethod
@@ -412,12 +422,18 @@ def _rows(chunks: list[ScheduledChunk]) -> list[_Row]:
     return rows
 
 
-def projection_shapes(model: LlamaModel) -> dict[str, ModuleShape]:
-    """(in, out) of each LoRA-able projection: what an adapter must match (the base check)."""
+def projection_shapes(model: DecoderModel) -> dict[str, ModuleShape]:
+    """(in, out) of each LoRA-able projection, by its peft name: what an adapter must match
+    (the base check). A family whose checkpoint fuses q/k/v and gate/up (Phi-3) is adapted on
+    `qkv_proj` and `gate_up_proj` instead of their parts."""
     attn, mlp = model.layers[0].self_attn, model.layers[0].mlp
     hidden = model.config.hidden_size
+    inter = getattr(mlp, "intermediate", None)
     outs = {"q_proj": attn.q_size, "k_proj": attn.kv_size, "v_proj": attn.kv_size,
-            "o_proj": hidden, "gate_proj": mlp.intermediate, "up_proj": mlp.intermediate,
-            "down_proj": hidden}
-    ins = {"o_proj": attn.q_size, "down_proj": mlp.intermediate}
-    return {m: ModuleShape(ins.get(m, hidden), outs[m]) for m in SUPPORTED_MODULES}
+            "qkv_proj": attn.q_size + 2 * attn.kv_size, "o_proj": hidden,
+            "gate_proj": inter, "up_proj": inter, "gate_up_proj": None if inter is None
+            else 2 * inter, "down_proj": hidden}
+    ins = {"o_proj": attn.q_size, "down_proj": inter}
+    modules = [m for members in model.lora_packing().values() for m in members]
+    return {m: ModuleShape(ins.get(m, hidden), outs[m]) for m in modules
+            if outs[m] is not None and ins.get(m, hidden) is not None}

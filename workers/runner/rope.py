@@ -8,9 +8,14 @@ from typing import Any
 import torch
 
 
-def rope_parameters(config: Any) -> dict[str, Any]:
-    """Read RoPE settings from a transformers 5 (`rope_parameters`) or 4 style config."""
+def rope_parameters(config: Any, layer_type: str | None = None) -> dict[str, Any]:
+    """Read RoPE settings from a transformers 5 (`rope_parameters`) or 4 style config.
+
+    `layer_type`: the settings of that kind of layer, for configs that keep one set per kind
+    (Gemma 3: `sliding_attention` and `full_attention`, each with its own `rope_theta`)."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = dict(params[layer_type])
     if not params:
         params = dict(getattr(config, "rope_scaling", None) or {})
         params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -18,9 +23,13 @@ def rope_parameters(config: Any) -> dict[str, Any]:
     return params
 
 
-def inverse_frequencies(config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
+def inverse_frequencies(config: Any, head_dim: int, layer_type: str | None = None
+                        ) -> tuple[torch.Tensor, float]:
     """Per-pair inverse frequencies and the attention scale the scaling type asks for."""
-    params = rope_parameters(config)
+    params = rope_parameters(config, layer_type)
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError("RoPE over part of each head (partial_rotary_factor "
+                         f"{params['partial_rotary_factor']}) is not supported")
     rope_type = params["rope_type"]
     base = float(params["rope_theta"])
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -36,7 +45,8 @@ def inverse_frequencies(config: Any, head_dim: int) -> tuple[torch.Tensor, float
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"unsupported rope_type {rope_type!r}")
-    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    extra = {} if layer_type is None else {"layer_type": layer_type}
+    inv, scale = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **extra)
     return inv.float(), float(scale)
 
 
@@ -57,9 +67,10 @@ def _llama3(inv_freq: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """cos/sin tables for every position up to max_positions, applied by position id."""
 
-    def __init__(self, config: Any, head_dim: int, max_positions: int) -> None:
+    def __init__(self, config: Any, head_dim: int, max_positions: int,
+                 layer_type: str | None = None) -> None:
         super().__init__()
-        inv_freq, scale = inverse_frequencies(config, head_dim)
+        inv_freq, scale = inverse_frequencies(config, head_dim, layer_type)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
         self.register_buffer("cos", angles.cos() * scale, persistent=False)
         self.register_buffer("sin", angles.sin() * scale, persistent=False)

@@ -1,0 +1,122 @@
+"""Copy a HF safetensors checkpoint into a `DecoderModel`, tensor by tensor, by name.
+
+Every checkpoint name maps to one of our parameters, or to rows of one: a module with
+`checkpoint_sources()` (attention's q/k/v, the MLP's gate/up, an experts block's experts)
+says which of its checkpoint modules land where in its fused ones. Everything else is the
+same name without the leading `model.`. A tensor no parameter takes, a parameter (or rows of
+one) no tensor fills, and a tensor of the wrong shape are each an error naming it.
+
+Files: the shards `model.safetensors.index.json` lists where there is one, else
+`model.safetensors`, else every `*.safetensors` of the folder (a folder may also hold a
+checkpoint in another layout, such as Mistral's `consolidated.safetensors`, which only the
+index or the standard name tells apart).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+INDEX_FILE = "model.safetensors.index.json"
+# checkpoint names that hold no weights: rotary tables some exports save
+_IGNORED = (".rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one checkpoint tensor goes: rows [offset, offset + rows) of a parameter (rows
+    None: the whole parameter)."""
+
+    param: str
+    offset: int = 0
+    rows: int | None = None
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{index}: no weight_map")
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise FileNotFoundError(f"{folder}: shards listed in {INDEX_FILE} are missing: "
+                                    f"{', '.join(absent)}")
+        return files
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors files")
+    return files
+
+
+def checkpoint_layout(model: nn.Module) -> dict[str, Slot]:
+    """Every checkpoint name the model expects (its `model.` prefix dropped) -> its slot."""
+    params = dict(model.named_parameters())
+    layout: dict[str, Slot] = {}
+    fused: set[str] = set()
+    for path, module in model.named_modules():
+        sources = getattr(module, "checkpoint_sources", None)
+        if sources is None:
+            continue
+        for source, (target, offset, rows) in sources().items():
+            for kind in ("weight", "bias"):
+                param = f"{path}.{target}.{kind}"
+                if param in params:
+                    layout[f"{path}.{source}.{kind}"] = Slot(param, offset, rows)
+                    fused.add(param)
+    for name in params:
+        if name not in fused:
+            layout[name] = Slot(name)
+    return layout
+
+
+def load_weights(model: nn.Module, folder: Path) -> None:
+    """Fill every parameter of `model` from the checkpoint in `folder`; raise, naming the
+    tensor, if the checkpoint misses one, has one the model does not take, or a shape
+    differs."""
+    params = dict(model.named_parameters())
+    layout = checkpoint_layout(model)
+    tied = bool(getattr(model, "tie_word_embeddings", False))
+    filled: set[str] = set()
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt") as reader:
+            for name in reader.keys():  # noqa: SIM118 - safe_open is not a dict
+                key = name.removeprefix("model.")
+                if key.endswith(_IGNORED):
+                    continue
+                if key == "lm_head.weight" and tied:
+                    # Tied: either name may be the one a checkpoint kept (safetensors dedups).
+                    key = "embed_tokens.weight"
+                    if key in filled:
+                        continue
+                slot = layout.get(key)
+                if slot is None:
+                    raise ValueError(f"checkpoint {folder}: unexpected tensor {name!r} "
+                                     f"({file.name}): the model has no such weight")
+                tensor = reader.get_tensor(name)
+                param = params[slot.param]
+                dest = param if slot.rows is None else param.narrow(0, slot.offset, slot.rows)
+                if tuple(tensor.shape) != tuple(dest.shape):
+                    raise ValueError(f"checkpoint {folder}: tensor {name!r} has shape "
+                                     f"{tuple(tensor.shape)}, the model expects "
+                                     f"{tuple(dest.shape)}")
+                with torch.no_grad():
+                    dest.copy_(tensor)
+                filled.add(key)
+    missing = sorted(set(layout) - filled)
+    if missing:
+        shown = ", ".join(repr(_hf_name(m)) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ValueError(f"checkpoint {folder} lacks weights: {shown}{more}")
+
+
+def _hf_name(key: str) -> str:
+    return key if key.startswith("lm_head.") else f"model.{key}"
