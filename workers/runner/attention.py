@@ -161,6 +161,8 @@ class AttentionMetadata:
         soft-capping is here and only here: the fused prefill kernels (`flash`, `vec`,
         `amx`) do not soft-cap, so a soft-capped layer's prefill chunks take `masked`.
         """
+        if window is None and softcap is None:
+            return self
         batch = self.batch
         if batch is None:
             raise ValueError("a sliding window or soft-capping needs metadata from "

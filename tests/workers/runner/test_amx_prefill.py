@@ -20,7 +20,7 @@ def test_a_build_without_amx_refuses():
     x = torch.zeros(16, dtype=torch.bfloat16)
     p = x.data_ptr()
     assert lib.amx_prefill_attention(p, 64, 64, p, p, 64, 64, p, p, 64, 64, p, 64, 64, 1, 0,
-                                      1, 1, 1.0, 1) == -1
+                                      1, 1, 1.0, 1, 0) == -1
 
 
 @pytest.mark.skipif(cpu_amx.available(), reason="this CPU runs the kernel")

@@ -114,7 +114,7 @@ def test_the_sse_build_refuses():
     x = torch.zeros(16)
     p = x.data_ptr()
     assert lib.vec_prefill_attention(p, 64, 64, p, p, 64, 64, p, p, 64, 64, p, 64, 64, 1, 0, 1,
-                                     1, 64, 0, 1.0, 1) == -1
+                                     1, 64, 0, 1.0, 1, 0) == -1
 
 
 @pytest.mark.skipif(not {"avx2", "fma"} <= cbuild.cpu_flags(), reason="this CPU has no AVX2")
