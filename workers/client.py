@@ -20,12 +20,13 @@ from workers.async_engine import AsyncLLMEngine
 from workers.engine.detokenizer import IncrementalDetokenizer
 from workers.engine.outputs import RequestOutput, TokenLogprob
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
-from workers.engine.sequence import RequestMetrics
+from workers.engine.sequence import FinishReason, RequestMetrics
 from workers.engine.structured import StructuredOutputs
 from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
 from workers.protocol.events import (
     Event,
+    Failed,
     Finished,
     Opened,
     OtherDelta,
@@ -63,6 +64,17 @@ class Usage:
             self.reported = True
         elif isinstance(event, TextDelta | ToolCallDelta | OtherDelta) and not self.reported:
             self.completion_tokens += 1
+
+
+GRAMMAR_ERROR = "grammar_error"  # a choice's grammar broke mid-answer (FinishReason.ERROR)
+
+
+class AnswerFailed(Exception):
+    """A whole answer broke after it had begun (its events ended in `Failed`)."""
+
+    def __init__(self, failed: Failed) -> None:
+        super().__init__(failed.message)
+        self.failed = failed
 
 
 @dataclass
@@ -141,8 +153,10 @@ class EmbeddedClient:
         """The answer as events: `Opened` at the engine's first output (the request is then
         running, not stuck), deltas per choice, `Finished`, and `Usage` last.
 
-        Engine errors (overload, a dead engine) raise before the first event. Leaving early
-        (closing this) aborts the engine request."""
+        Engine errors (overload, a dead engine) raise before the first event. A choice that
+        broke midway (its grammar refused a token: `FinishReason.ERROR`) ends the answer
+        with `Failed` (500, `grammar_error`) and no `Usage`: an answer with a cut document is
+        not passed off as finished. Leaving early (closing this) aborts the engine request."""
         outputs = self.engine.generate(call.request, request_id=request_id,
                                        priority=call.priority)
         processor = OutputProcessor(call, self, request_id)
@@ -150,6 +164,8 @@ class EmbeddedClient:
             async for out in outputs:
                 for event in processor.process(out):
                     yield event
+                    if isinstance(event, Failed):
+                        return
                 if processor.done:
                     break  # a stop string ended the last choice: leaving aborts the request
             call.usage.finished = True
@@ -160,8 +176,11 @@ class EmbeddedClient:
             _count_work(call)
 
     async def complete(self, call: PreparedCall, *, request_id: str) -> dict[str, Any]:
-        """The whole response: the fold of `events`."""
-        return (await fold(self.events(call, request_id=request_id), chat=call.chat)).response()
+        """The whole response: the fold of `events`; `AnswerFailed` if they ended failed."""
+        whole = await fold(self.events(call, request_id=request_id), chat=call.chat)
+        if whole.failed is not None:
+            raise AnswerFailed(whole.failed)
+        return whole.response()
 
     def logprobs(self, entries: list[TokenLogprob], chat: bool) -> dict[str, Any]:
         tokenizer = self.engine.tokenizer
@@ -233,6 +252,13 @@ class OutputProcessor:
                     stopped = True
                     break
             usage.completion_tokens += kept
+            if c.finish_reason == FinishReason.ERROR and not stopped:
+                state.done = True
+                events.append(Failed(500, f"request {self.request_id}: choice {c.index} broke "
+                                     "off: its output no longer followed the requested format "
+                                     "(a server-side structured-output error); retry, or "
+                                     "simplify the schema", GRAMMAR_ERROR))
+                return events
             reason = "stop" if stopped else c.finish_reason
             if reason is not None and not stopped:
                 state.text.flush()

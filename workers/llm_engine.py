@@ -142,6 +142,7 @@ class LLMEngine:
         self.spec_stats = SpecStats()
         self.arrivals: Arrivals | None = None  # None: no step runs inside another
         self.num_interjections = 0
+        self.num_grammar_errors = 0  # samples failed: a grammar refused its own masked token
         self._interjected_s = 0.0
         self._num_enqueued = 0
 
@@ -412,6 +413,7 @@ class LLMEngine:
             "prefix_cache_hit_tokens": self.block_manager.num_hit_tokens,
             "prefix_cache_queried_tokens": self.block_manager.num_queried_tokens,
             "num_interjections": self.num_interjections,
+            "num_grammar_errors": self.num_grammar_errors,
             "kv_capacity_tokens": self.block_manager.num_blocks * self.block_manager.block_size,
         }
         if self.block_manager.enable_caching:
@@ -591,8 +593,14 @@ class LLMEngine:
         if sample.logprobs is not None and logprob is not None:
             sample.logprobs.append(logprob)
         params = seq.sampling_params
-        grammar_done = seq.grammar is not None and self._advance_grammar(seq, token)
-        if params.detokenize and sample.detokenizer.append(token):
+        grammar_done = grammar_broken = False
+        if seq.grammar is not None:
+            grammar_done, grammar_broken = self._advance_grammar(seq, token)
+        if grammar_broken:
+            if params.detokenize:
+                sample.detokenizer.append(token)  # the text shows what token_ids hold
+            reason = FinishReason.ERROR
+        elif params.detokenize and sample.detokenizer.append(token):
             sample.stop_reason = sample.detokenizer.stop_reason
             reason = FinishReason.STOP
         elif grammar_done or (not params.ignore_eos and token in self.eos_token_ids):
@@ -611,16 +619,23 @@ class LLMEngine:
         seq.finish_reason = reason
         self.scheduler.finish(seq)
 
-    def _advance_grammar(self, seq: Sequence, token: int) -> bool:
-        """Feed a kept token to the sample's matcher; True once the grammar has ended (nothing
-        more can follow, or a stop token came where it was allowed), whatever ignore_eos says."""
+    def _advance_grammar(self, seq: Sequence, token: int) -> tuple[bool, bool]:
+        """Feed a kept token to the sample's matcher: (ended, broken). Ended: nothing more can
+        follow, or a stop token came where it was allowed, whatever ignore_eos says.
+
+        Broken: the matcher refused the token its own mask allowed (llguidance hit one of its
+        limits, or a bug). That sample's output cannot be trusted, and ending it as "stop"
+        would pass a cut document off as complete (or "length" as merely long), so it ends
+        with `FinishReason.ERROR`: logged here at error level with the request id, counted
+        in `num_grammar_errors`, and failed to the client (a 500, code `grammar_error`)."""
         assert seq.grammar is not None
         if seq.grammar.accept_token(token):
-            return seq.grammar.is_terminated()
-        # the mask made this impossible; if it happens, end the sample rather than go astray
-        logger.error("request %s: token %d is outside its grammar; ending the sample",
-                     seq.request_id, token)
-        return True
+            return seq.grammar.is_terminated(), False
+        self.num_grammar_errors += 1
+        logger.error("request %s: sample %d: token %d is outside its grammar (%s); the sample "
+                     "fails with a grammar_error", seq.request_id, seq.sample_index, token,
+                     seq.grammar.error() or "refused")
+        return False, True
 
     # ---- helpers --------------------------------------------------------------------------
 

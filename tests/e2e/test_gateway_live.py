@@ -261,6 +261,22 @@ def test_json_modes_always_parse_and_validate(live):
     assert err.value.body["param"].startswith("response_format")
 
 
+def test_a_schema_that_never_ends_is_a_400_before_generating(live):
+    """Issue 40: a schema that requires itself without end was answered 200 with `{"` and
+    finish_reason "stop"; it is a 400 naming response_format, before any token is made."""
+    oa = client(live, live.tenant_key("endless"))
+    endless = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as err:
+            oa.chat.completions.create(
+                model=SMOL, messages=[{"role": "user", "content": "Nest."}], max_tokens=32,
+                stream=stream, response_format={"type": "json_schema", "json_schema": {
+                    "name": "endless", "schema": endless, "strict": True}})
+        assert err.value.body["param"] == "response_format.json_schema.schema"
+        assert "recurses without end" in err.value.body["message"]
+        assert "#/properties/n" in err.value.body["message"]
+
+
 def test_logit_bias_is_honoured(live, smollm2_path):
     from transformers import AutoTokenizer
 

@@ -171,3 +171,34 @@ async def test_auth_errors(gw):
 async def test_unknown_model_is_404(gw):
     r = await gw.post("/v1/chat/completions", json={"model": "gpt-9", "messages": CHAT})
     assert_error(r, 404, code="model_not_found", param="model")
+
+
+async def test_endless_schemas_are_400_and_broken_grammars_500_not_stop(gw, monkeypatch):
+    """Issue 40 through the gateway: the schema that recursed forever was answered 200 with
+    `{"` and finish_reason "stop". It is refused up front; and a grammar that still broke
+    midway (the check bypassed here, as for a case it cannot see) fails the answer: a 500
+    `grammar_error` whole, an error event (no finish, no [DONE]) streamed."""
+    from workers.runner import structured_backend
+
+    endless = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
+
+    def ask(schema, **extra):
+        return gw.post("/v1/chat/completions", json={
+            "model": "tiny", "messages": CHAT, "max_tokens": 30, "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": schema, "strict": True}}, **extra})
+
+    r = await ask(endless)
+    assert_error(r, 400, param="response_format.json_schema.schema")
+    assert "recurses without end" in r.json()["error"]["message"]
+    monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
+    r = await ask({**endless, "title": "whole"})
+    assert_error(r, 500, code="grammar_error")
+    assert r.json()["error"]["type"] == "server_error"
+    r = await ask({**endless, "title": "streamed"}, stream=True)
+    assert r.status_code == 200
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    chunks = [json.loads(e) for e in events]
+    assert chunks[-1]["error"]["code"] == "grammar_error"
+    assert not any(c.get("finish_reason") for e in chunks for c in e.get("choices") or [])

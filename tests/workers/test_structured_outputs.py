@@ -7,6 +7,7 @@ so every output parsing and validating is a real test of the masks and the match
 from __future__ import annotations
 
 import json
+import logging
 import re
 import string
 
@@ -19,7 +20,10 @@ from tests.workers.lora.helpers import make_peft_adapter
 from tests.workers.test_llm_tiny import random_prompts
 from workers import LLM, InvalidRequestError, SamplingParams
 from workers.async_engine import AsyncLLMEngine
+from workers.client import GRAMMAR_ERROR, AnswerFailed, EmbeddedClient
 from workers.engine.structured import StructuredOutputs
+from workers.protocol.events import Failed, Finished, Usage
+from workers.runner import structured_backend
 
 MAX_TOKENS = 200
 PERSON = {
@@ -32,6 +36,7 @@ PERSON = {
     },
     "required": ["name", "age", "ok"],
 }
+SELF = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}  # issue 40
 
 
 @pytest.fixture(scope="module")
@@ -249,5 +254,83 @@ async def test_async_engine_serves_structured_requests(tiny_llama_path):
             async for _ in engine.generate("x", SamplingParams(
                     structured=StructuredOutputs(regex="(("))):
                 pass
+    finally:
+        await engine.shutdown()
+
+
+# ---- schemas that cannot finish, grammars that break (issue 40) ------------------------------
+
+def test_a_schema_that_never_ends_is_refused_before_anything_is_queued(llm):
+    spec = StructuredOutputs(json=SELF, param="response_format.json_schema.schema")
+    with pytest.raises(InvalidRequestError) as info:
+        llm.generate(["a", "b"], [json_params(PERSON), SamplingParams(structured=spec)])
+    assert info.value.param == "response_format.json_schema.schema"
+    assert "recurses without end" in str(info.value)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_recursion_with_a_way_out_still_runs_and_ends_by_the_schema_or_length(llm):
+    """A linked list: the grammar may recurse, the model may follow it; it ends as a complete
+    document ("stop") or at max_tokens ("length"), never as a cut document marked "stop"."""
+    linked = {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9},
+                                               "next": {"$ref": "#"}},
+              "required": ["v"]}
+    outputs = llm.generate(random_prompts(4, seed=11, hi=20),
+                           json_params(linked, temperature=1.0, seed=3, n=2, max_tokens=40))
+    for sample in (s for o in outputs for s in o.outputs):
+        assert sample.finish_reason in ("stop", "length")
+        if sample.finish_reason == "stop":
+            jsonschema.validate(json.loads(sample.text), linked)
+
+
+def test_a_grammar_that_breaks_fails_its_sample_loudly(llm, monkeypatch, caplog):
+    """Were the endless schema let through (as a case the check cannot see would be),
+    llguidance breaks after `{"`: the sample ends with "error", not "stop" (issue 40: `{"`
+    answered 200 as a finished document), logged at error level with the request id and
+    counted; its neighbours in the batch are unaffected."""
+    monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
+    before = llm.engine.num_grammar_errors
+    with caplog.at_level(logging.ERROR, logger="workers.llm_engine"):
+        broken, fine = llm.generate(random_prompts(2, seed=12, hi=20),
+                                    [json_params({**SELF, "title": "unseen"}),
+                                     json_params(PERSON)])
+    assert broken.outputs[0].finish_reason == "error"
+    assert broken.outputs[0].text.startswith('{"')
+    assert_valid(fine, PERSON)
+    assert llm.engine.num_grammar_errors == before + 1
+    assert llm.engine.stats()["num_grammar_errors"] == before + 1
+    logged = [r for r in caplog.records if r.levelno == logging.ERROR
+              and broken.request_id in r.getMessage()]
+    assert len(logged) == 1 and "outside its grammar" in logged[0].getMessage()
+
+
+async def test_a_broken_grammar_reaches_the_client_as_a_failure(tiny_llama_path, monkeypatch):
+    """Through the OpenAI-shaped client: `Failed` (500, grammar_error) instead of `Finished`,
+    and no usage event claiming a finished answer; the whole response raises."""
+    monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
+    engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
+    await engine.start()
+    try:
+        client = EmbeddedClient(engine, "tiny")
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30,
+                "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "n", "schema": SELF, "strict": True}}}
+        call = client.prepare(body, chat=True)
+        events = [e async for e in client.events(call, request_id="g1")]
+        assert isinstance(events[-1], Failed)
+        assert (events[-1].status, events[-1].code) == (500, GRAMMAR_ERROR)
+        assert "g1" in events[-1].message
+        assert not any(isinstance(e, Finished | Usage) for e in events)
+        assert not call.usage.finished and call.usage.completion_tokens >= 1
+        with pytest.raises(AnswerFailed) as info:
+            await client.complete(client.prepare(body, chat=True), request_id="g2")
+        assert info.value.failed.code == GRAMMAR_ERROR
+        monkeypatch.undo()  # the check back: the same kind of schema is a 400 up front
+        other = {**SELF, "title": "checked"}
+        with pytest.raises(InvalidRequestError) as refused:
+            client.prepare({**body, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": other, "strict": True}}}, chat=True)
+        assert refused.value.param == "response_format.json_schema.schema"
     finally:
         await engine.shutdown()

@@ -24,6 +24,10 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    # The sample broke and its output is not to be trusted: its grammar (structured outputs)
+    # refused the token sampled under its own mask. Never shown to clients as a finish:
+    # `workers.client` turns it into a failed answer (a 500, `grammar_error`).
+    ERROR = "error"
 
 
 @dataclass

@@ -23,6 +23,10 @@ class TokenMatcher(Protocol):
 
     def is_terminated(self) -> bool: ...
 
+    def error(self) -> str | None:
+        """Why the grammar broke (after `accept_token` refused a token), else None."""
+        ...
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` accepted (speculative verification reads ahead)."""
         ...

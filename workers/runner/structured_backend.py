@@ -8,6 +8,11 @@ token, while llguidance compiles in a millisecond or two and stays in the tens t
 of µs. The step loop is shared by every tenant, so the worst case decides.
 
 A compiled grammar is a matcher that never moves (the template); each sample gets a deep copy.
+
+A JSON schema that no finite document satisfies is refused before compiling
+(`workers.engine.schema_check`: endless required recursion, which llguidance would only hit
+mid-answer, and what it cannot satisfy); llguidance refuses the shallower impossibilities
+itself ("Unsatisfiable schema: ..."). Both are `InvalidRequestError`s, a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import llguidance.hf
 import torch
 
 from workers.engine.sampling_params import InvalidRequestError
+from workers.engine.schema_check import unsatisfiable
 from workers.engine.structured import StructuredOutputs
 from workers.runner.token_mask import bitmask_words
 
@@ -45,6 +51,13 @@ class Matcher:
 
     def is_terminated(self) -> bool:
         return self._matcher.is_stopped()
+
+    def error(self) -> str | None:
+        """Why the matcher broke (it refused a token, or hit one of llguidance's limits)."""
+        if not self._matcher.is_error():
+            return None
+        text = self._matcher.get_error().strip()
+        return text.splitlines()[0] if text else "the grammar failed"
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
@@ -83,7 +96,7 @@ class StructuredBackend:
                 return cached
         try:
             grammar = _grammar(spec)
-        except ValueError as exc:  # not JSON, or GBNF that does not convert
+        except ValueError as exc:  # not JSON, no finite instance, or GBNF that does not convert
             raise _invalid(spec, str(exc)) from exc
         error = llguidance.LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error:
@@ -112,8 +125,12 @@ def _grammar(spec: StructuredOutputs) -> str:
         schema = json.loads(spec.json) if isinstance(spec.json, str) else spec.json
         if not isinstance(schema, dict | bool):
             raise ValueError("a JSON schema is an object")
+        schema = closed_objects(schema)  # what is compiled is what is checked
+        reason = unsatisfiable(schema)
+        if reason is not None:
+            raise ValueError(f"the schema cannot be satisfied: {reason}")
         return llguidance.LLMatcher.grammar_from_json_schema(
-            json.dumps(closed_objects(schema)), defaults=JSON_OPTIONS)
+            json.dumps(schema), defaults=JSON_OPTIONS)
     if spec.kind == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}',
                                                              defaults=JSON_OPTIONS)

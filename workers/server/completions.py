@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from workers.async_engine import EngineDeadError
-from workers.client import PreparedCall
+from workers.client import AnswerFailed, PreparedCall
 from workers.engine.sampling_params import InvalidRequestError
 from workers.llm_engine import EngineOverloadedError
 from workers.protocol.events import Event, started
@@ -74,6 +74,9 @@ async def _complete(request: Request, *, chat: bool) -> Response:
     except EngineDeadError:
         state.metrics.requests.labels(kind, "error").inc()
         return error(503, "the engine has failed", code="worker_failed")
+    except AnswerFailed as exc:  # broke midway (a grammar error): no answer to give
+        _finish(state, call, kind, "error")
+        return error(exc.failed.status, exc.failed.message, code=exc.failed.code)
     finally:
         if not streaming:
             state.in_flight -= 1

@@ -27,6 +27,9 @@ ENGINE_FIGURES: dict[str, tuple[str, str, bool]] = {
     "kv_cache_usage": ("switchboard_worker_kv_cache_usage_ratio",
                        "fraction of KV cache blocks in use", False),
     "num_preemptions": ("switchboard_worker_preemptions", "sequences preempted", True),
+    "num_grammar_errors": ("switchboard_worker_grammar_errors",
+                           "samples failed: a structured-output grammar refused its own "
+                           "masked token", True),
     "prefix_cache_hit_rate": ("switchboard_worker_prefix_cache_hit_ratio",
                               "prompt tokens served from the prefix cache / queried", False),
     "num_loras": ("switchboard_worker_adapters_registered", "adapters registered", False),

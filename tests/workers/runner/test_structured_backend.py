@@ -7,7 +7,7 @@ import torch
 
 from workers.engine.sampling_params import InvalidRequestError
 from workers.engine.structured import StructuredOutputs
-from workers.runner import token_mask
+from workers.runner import structured_backend, token_mask
 from workers.runner.structured_backend import StructuredBackend, closed_objects
 
 
@@ -101,3 +101,39 @@ def test_fill_ahead_masks_each_position_and_leaves_the_matcher_where_it_was(back
     ahead = token_mask.unpack(token_mask.fill_ahead(matcher, [one, two, one], vocab), vocab)
     assert bool(ahead[3].all()) and not bool(ahead[2].all())
     assert allowed(matcher, vocab) == before
+
+
+SELF = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}  # issue 40
+
+
+def test_a_schema_without_a_finite_instance_is_refused_before_compiling(backend):
+    before = backend.num_compiles
+    spec = StructuredOutputs(json=SELF, param="response_format.json_schema.schema")
+    with pytest.raises(InvalidRequestError) as info:
+        backend.compile(spec)
+    assert info.value.param == "response_format.json_schema.schema"
+    assert str(info.value).startswith(
+        "invalid json: the schema cannot be satisfied: it recurses without end: '#' requires "
+        "itself at every level (# -> #/properties/n -> #)")
+    # what is checked is what would compile: objects closed, so a required name they do not
+    # list cannot be written
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}
+    with pytest.raises(InvalidRequestError, match="requires property 'b' but does not allow"):
+        backend.compile(StructuredOutputs(json=closed))
+    assert backend.num_compiles == before  # refused before llguidance saw either
+    linked = {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#"}},
+              "required": ["v"]}
+    backend.compile(StructuredOutputs(json=linked))  # recursion with a way out compiles
+
+
+def test_a_broken_matcher_says_why(backend, monkeypatch):
+    """Had the check missed it, llguidance would break on the endless schema mid-answer: its
+    only allowed first token (`{"`) forces `{"n": {"n": ...` without end, and consuming it
+    fails. The matcher then reports the error the engine logs."""
+    monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
+    matcher = backend.matcher(backend.compile(StructuredOutputs(json={**SELF, "title": "x"})))
+    assert matcher.error() is None
+    (first,) = allowed(matcher, backend.vocab_size)
+    assert not matcher.accept_token(first)
+    assert matcher.error()  # one line, llguidance's words
+    assert "\n" not in matcher.error()

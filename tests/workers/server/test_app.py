@@ -109,6 +109,43 @@ def test_tools_and_json_schema_through_the_worker_api(client):
     assert isinstance(json.loads(resp.json()["choices"][0]["message"]["content"])["n"], int)
 
 
+def test_endless_schemas_are_a_400_and_broken_grammars_a_500(client, monkeypatch):
+    """Issue 40 over the worker API: a schema no finite document satisfies is refused up
+    front; a grammar that breaks midway (the check bypassed here) is a 500 `grammar_error`,
+    an error event in a stream, and counted, never a 200 with a cut document."""
+    from workers.runner import structured_backend
+
+    endless = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}
+
+    def ask(schema, **extra):
+        return client.post("/v1/chat/completions", headers=AUTH, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 30,
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": schema, "strict": True}}, **extra})
+
+    resp = ask(endless)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == "response_format.json_schema.schema"
+    assert "recurses without end" in error["message"]
+    monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
+    resp = ask({**endless, "title": "whole"})
+    assert resp.status_code == 500, resp.text
+    assert resp.json()["error"]["code"] == "grammar_error"
+    streamed = ask({**endless, "title": "streamed"}, stream=True)
+    assert streamed.status_code == 200
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert events[-1]["error"]["code"] == "grammar_error" and "[DONE]" not in streamed.text
+    assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+    text = client.get("/metrics", headers=AUTH).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples[("switchboard_worker_grammar_errors_total", ())] == 2
+    assert samples[("switchboard_worker_requests_total",
+                    (("kind", "chat"), ("status", "error")))] == 1
+
+
 def test_bad_input_is_a_clear_4xx(client):
     resp = complete(client, model="nope")
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "model_not_found"
