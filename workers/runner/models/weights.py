@@ -30,7 +30,7 @@ _IGNORED = (".rotary_emb.inv_freq",)
 @dataclass(frozen=True)
 class Slot:
     """Where one checkpoint tensor goes: rows [offset, offset + rows) of a parameter (rows
-    None: the whole parameter)."""
+    None: the whole parameter; `_destination` says how rows count in 3-d parameters)."""
 
     param: str
     offset: int = 0
@@ -102,8 +102,7 @@ def load_weights(model: nn.Module, folder: Path) -> None:
                     raise ValueError(f"checkpoint {folder}: unexpected tensor {name!r} "
                                      f"({file.name}): the model has no such weight")
                 tensor = reader.get_tensor(name)
-                param = params[slot.param]
-                dest = param if slot.rows is None else param.narrow(0, slot.offset, slot.rows)
+                dest = _destination(params[slot.param], slot)
                 if tuple(tensor.shape) != tuple(dest.shape):
                     raise ValueError(f"checkpoint {folder}: tensor {name!r} has shape "
                                      f"{tuple(tensor.shape)}, the model expects "
@@ -116,6 +115,16 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         shown = ", ".join(repr(_hf_name(m)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint {folder} lacks weights: {shown}{more}")
+
+
+def _destination(param: torch.Tensor, slot: Slot) -> torch.Tensor:
+    """The parameter, or the slot's rows of it; a parameter of three or more dimensions is
+    viewed as rows of its last one (experts stacked as [experts, rows, in] take each
+    expert's checkpoint matrix at rows `expert * rows_per_expert + ...`)."""
+    if slot.rows is None:
+        return param
+    flat = param if param.dim() <= 2 else param.view(-1, param.shape[-1])
+    return flat.narrow(0, slot.offset, slot.rows)
 
 
 def _hf_name(key: str) -> str:
