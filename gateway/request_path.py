@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -56,7 +58,7 @@ from gateway.settlement import Clock
 from gateway.state import GatewayState
 from gateway.surfaces import CHAT, COMPLETIONS, Surface
 from gateway.ticket import Ticket
-from tenancy.context import PlanLimits
+from tenancy.context import KeyContext, PlanLimits
 from workers.protocol.render import Fold
 from workers.protocol.requests import OpenAIRequest, RequestError, request_error
 
@@ -82,29 +84,55 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
 
 
 async def serve(request: Request, surface: Surface) -> Response:
-    """One request on `surface` (chat, completions, Anthropic messages), start to end."""
+    """One HTTP request on `surface` (chat, completions, Anthropic messages), start to end:
+    who is asking and what, then `answer`."""
     clock = Clock()
-    chat = surface.chat
     gw: GatewayState = request.app.state.gateway
-    scope_state = request.scope["state"]
-    tracing, span = gw.tracing, current_span()  # the request's span (GatewayMiddleware)
-    with tracing.span("auth"):
+    span = current_span()  # the request's span (GatewayMiddleware)
+    with gw.tracing.span("auth"):
         key = await gw.keys.tenant(credentials(request, surface))
     bind_tenant(key.tenant_id)
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
         body = parse_body(raw, surface=surface)
+    origin = Origin(headers=request.headers, receive=request.receive,
+                    state=request.scope["state"], span=span, clock=clock)
+    return await answer(gw, key, body, surface, origin)
+
+
+@dataclass
+class Origin:
+    """Where a canonical request came from: its HTTP headers (tier, cache control), the
+    client's channel (to notice it leave), the request's state (its id, upstream time), span
+    and clock. A batch line has no client (`receive` None) and runs at `priority`."""
+
+    headers: Mapping[str, str]
+    receive: Receive | None
+    state: dict[str, Any]
+    span: Span = INVALID_SPAN
+    clock: Clock = field(default_factory=Clock)
+    priority: int | None = None  # overrides the body's (batch work runs last)
+
+
+async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface: Surface,
+                 origin: Origin) -> Response:
+    """A parsed request answered: route, fit, admit (two steps), cache, dispatch, render, and
+    settle, each once."""
+    chat, tracing, span, clock = surface.chat, gw.tracing, origin.span, origin.clock
+    scope_state = origin.state
+    async with counted_if_refused(gw, key):  # a 4xx until admission counts for RPM
         annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
                         attr.STREAM: bool(body.stream)})
         if gw.settings.log_prompts:
             prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
         with tracing.span("route"):
             plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                                    tier=asked_tier(request), logprobs=body.wants_logprobs,
-                                    request=body)
+                                    tier=asked_tier(origin.headers),
+                                    logprobs=body.wants_logprobs, request=body)
         dispatches = tracing.dispatches()
-        share = engine_share(key.tenant_id, key.plan, body.priority)
+        share = engine_share(key.tenant_id, key.plan, body.priority
+                             if origin.priority is None else origin.priority)
 
         def prepare(deployment: Deployment) -> Call:
             call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
@@ -145,7 +173,7 @@ async def serve(request: Request, surface: Surface) -> Response:
                     span=span, dispatches=dispatches)
     try:
         with tracing.span("cache") as cache_span:
-            use = gw.cache.use(request.headers, key, body, chat=chat, model_key=plan.model_key)
+            use = gw.cache.use(origin.headers, key, body, chat=chat, model_key=plan.model_key)
             hit = None if use is None else await gw.cache.lookup(use)
             annotate(cache_span, {attr.CACHE_HIT: "none" if hit is None else hit.kind})
         if use is not None and use.lookup:
@@ -158,7 +186,7 @@ async def serve(request: Request, surface: Surface) -> Response:
         work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
                                   prepare=prepare, on_call=ticket.attempt)
         try:
-            served = await until_done_or_disconnect(work, request.receive)
+            served = await until_done_or_disconnect(work, origin.receive)
         finally:
             scope_state["upstream_s"] = ticket.upstream_s()
         if served is None:
@@ -213,8 +241,8 @@ async def first_that_fits(order: list[Deployment], prepare: Callable[[Deployment
     raise too_long.first
 
 
-def asked_tier(request: Request) -> str | None:
-    tier = request.headers.get(TIER_HEADER)
+def asked_tier(headers: Mapping[str, str]) -> str | None:
+    tier = headers.get(TIER_HEADER)
     if tier is None:
         return None
     tier = tier.strip()
@@ -248,8 +276,11 @@ def as_api_error(exc: RequestError) -> APIError:
     return bad_request(str(exc), param=exc.param, code=exc.code)
 
 
-async def until_done_or_disconnect(work: Awaitable[T], receive: Receive) -> T | None:
-    """Run `work`; if the client disconnects first, cancel it (aborting upstream) -> None."""
+async def until_done_or_disconnect(work: Awaitable[T], receive: Receive | None) -> T | None:
+    """Run `work`; if the client disconnects first, cancel it (aborting upstream) -> None.
+    Without a client (`receive` None: a batch line) it just runs."""
+    if receive is None:
+        return await work
     task = asyncio.ensure_future(work)
 
     async def disconnected() -> None:

@@ -38,7 +38,7 @@ async def count_tokens(request: Request) -> JSONResponse:
     async with counted_if_refused(gw, key):
         body = anthropic.parse(await request.body(), count_only=True)
         plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
-                                tier=asked_tier(request), logprobs=False, request=body)
+                                tier=asked_tier(request.headers), logprobs=False, request=body)
 
         def prepare(deployment: Deployment) -> Call:
             return deployment.prepare(body, chat=True, tenant_id=key.tenant_id,

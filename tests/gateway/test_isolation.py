@@ -48,6 +48,8 @@ TENANT_ROUTES = {
     ("GET", "/v1/adapters"),
     ("POST", "/v1/adapters/{name}/load"), ("POST", "/v1/adapters/{name}/unload"),
     ("DELETE", "/v1/adapters/{name}"), ("POST", "/v1/embeddings"),
+    # Anthropic's surface of the chat path (tests/gateway/surfaces/test_anthropic.py)
+    ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
 }
 PUBLIC_ROUTES = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/health/ready")}
 
