@@ -71,9 +71,16 @@ class Settings(BaseSettings):
     embedding_input_price_per_1m: Decimal = Decimal("0.01")  # USD; embeddings have no output
     embedding_tier: str = "economy"
     # Micro-batching: concurrent requests share forwards of at most this many rows, and of
-    # rows x longest row tokens.
-    embedding_max_batch_rows: int = 64
-    embedding_max_batch_tokens: int = 16_384
+    # rows x longest row tokens; tenants share them fairly, by plan weight. A forward is what
+    # another tenant's request may wait for: 4096 tokens take ~0.5 s on 2 CPU cores, and
+    # larger ones compute no more tokens a second there (docs/gateway.md, "Embeddings").
+    embedding_max_batch_rows: int = Field(default=64, ge=1)
+    embedding_max_batch_tokens: int = Field(default=4096, ge=1)
+    # The most input tokens one request may embed (all its inputs together, [CLS]/[SEP]
+    # included): larger is a 400 `embedding_work_exceeded` before any forward. 131072 take
+    # ~16 s on 2 CPU cores, well within route_budget_s. A deployment's `max_request_tokens`
+    # replaces it; a plan's `embedding_max_request_tokens` may lower it for its tenants.
+    embedding_max_request_tokens: int = Field(default=131_072, ge=1)
     # Uploaded adapter files, one folder each. Shared storage when several replicas serve.
     adapter_dir: Path = Path(".switchboard-adapters")
     max_adapter_upload_bytes: int = 256 << 20

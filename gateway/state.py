@@ -106,7 +106,8 @@ class GatewayState:
                 config, pool=self.http, worker_secret=self.settings.worker_secret,
                 worker_tls=self.worker_tls, device=self.settings.embedding_device,
                 max_batch_rows=self.settings.embedding_max_batch_rows,
-                max_batch_tokens=self.settings.embedding_max_batch_tokens)
+                max_batch_tokens=self.settings.embedding_max_batch_tokens,
+                max_request_tokens=self.settings.embedding_max_request_tokens)
         if config.provider == "worker":
             return WorkerDeployment(config, self.http, secret=self.settings.worker_secret,
                                     stats_interval_s=self.settings.worker_stats_interval_s,

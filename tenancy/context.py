@@ -32,6 +32,7 @@ class PlanLimits:
     # the tenant's place in the engines' fair-share scheduler (workers/engine/fair_share.py)
     engine_weight: float = 1.0  # share of engine tokens relative to other tenants' weights
     priority: int = 0  # within the tenant, lower runs first; the most urgent a request may ask
+    embedding_max_request_tokens: int | None = None  # lowers a deployment's bound, never raises
 
 
 @dataclass(frozen=True, slots=True)

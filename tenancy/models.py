@@ -120,6 +120,9 @@ class Plan(Base):
     # the tenant, the order (-10..10, lower first), also the most urgent a request may ask.
     engine_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The most input tokens one embeddings request may embed (None: the deployment's bound);
+    # it can only lower a deployment's bound (gateway/deployments/embedding.py).
+    embedding_max_request_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 class Tenant(Base):

@@ -49,6 +49,7 @@ _PLAN_FIELDS = frozenset(
         "price_markup_bp",
         "engine_weight",
         "priority",
+        "embedding_max_request_tokens",
     }
 )
 _KEY_ID_ATTEMPTS = 5
@@ -215,6 +216,8 @@ def _check_plan_field(field: str, value: Any) -> Any:
         return _check_engine_weight(value)
     if field == "priority":  # lower runs first
         return _check_bounded(value, field, low=-10, high=10, nullable=False)
+    if field == "embedding_max_request_tokens":  # 0 would refuse every request
+        return _check_bounded(value, field, low=1, high=_INT32_MAX, nullable=True)
     if field in ("allowed_models", "allowed_tiers"):
         return _check_names(value, field)
     return _check_limit(value, field)
@@ -241,6 +244,7 @@ async def create_plan(
     price_markup_bp: int = 0,
     engine_weight: float = 1.0,
     priority: int = 0,
+    embedding_max_request_tokens: int | None = None,
 ) -> Plan:
     """Create a plan; ConflictError if the name is taken."""
     fields = {
@@ -259,6 +263,7 @@ async def create_plan(
         "price_markup_bp": price_markup_bp,
         "engine_weight": engine_weight,
         "priority": priority,
+        "embedding_max_request_tokens": embedding_max_request_tokens,
     }
     plan = Plan(**{field: _check_plan_field(field, value) for field, value in fields.items()})
     if await get_plan_by_name(session, name=plan.name) is not None:
@@ -520,6 +525,7 @@ def plan_limits(plan: Plan) -> PlanLimits:
         price_markup_bp=plan.price_markup_bp,
         engine_weight=plan.engine_weight,
         priority=plan.priority,
+        embedding_max_request_tokens=plan.embedding_max_request_tokens,
     )
 
 

@@ -226,6 +226,7 @@ async def _plans_create(session: AsyncSession, args: argparse.Namespace, _: Sett
         cache_hit_price_percent=args.cache_hit_price_percent,
         engine_weight=args.engine_weight,
         priority=args.priority,
+        embedding_max_request_tokens=args.embedding_max_request_tokens,
     )
     return plan_json(plan)
 
@@ -362,6 +363,10 @@ def register(subparsers: Any) -> None:
     create.add_argument("--priority", type=_priority, default=0,
                         help="order within the tenant, -10 to 10, lower first; also the most "
                              "urgent a request may ask for (default 0)")
+    create.add_argument("--embedding-max-request-tokens", type=_positive_int,
+                        help="the most input tokens one embeddings request may embed; lowers "
+                             "a deployment's bound, never raises it (default: the "
+                             "deployment's)")
     create.set_defaults(func=_handler(_plans_create))
     plans.add_parser("list", help="list plans").set_defaults(func=_handler(_plans_list))
 

@@ -67,6 +67,11 @@ class DeploymentConfig(BaseModel):
     weight: Annotated[int, Field(ge=1, le=1000)] = 1  # share among equally good deployments
     max_concurrency: Annotated[int, Field(ge=1)] | None = None  # in flight, per replica
     timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    # Embedding deployments: the most input tokens one request may embed, all its inputs
+    # together ([CLS]/[SEP] included); a larger request is a 400 `embedding_work_exceeded`
+    # before any work. None: the gateway's `embedding_max_request_tokens` for a model in this
+    # process, no bound for an upstream (checked on the estimate where set).
+    max_request_tokens: Annotated[int, Field(ge=1)] | None = None
     # HTTP upstreams: ask for a stream even when the client wants a whole answer (folded
     # here), so the answer's first event ends the routing deadline and a long answer is never
     # cut by it. Remote workers always do.

@@ -9,6 +9,11 @@ Three kinds: the bundled all-MiniLM-L6-v2 in this process (`gateway.deployments.
 local_embedding`), an OpenAI-compatible HTTP upstream (`provider: openai|worker`, POST
 {base_url}/embeddings), and any provider litellm knows (`litellm.aembedding`). The upstream
 key is the deployment's own, server-side; the caller's key never leaves the gateway.
+
+A deployment may bound the work of one request (`max_request_tokens`: all its inputs' tokens
+together); a larger request is a 400 `embedding_work_exceeded` before anything runs. The model
+in this process counts exactly and is bounded by default (`embedding_max_request_tokens`); an
+upstream is bounded only where its config says so, on the estimate.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import math
 import ssl
 import time
 from abc import abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -43,6 +48,8 @@ from workers.protocol.events import Event
 from workers.protocol.requests import OpenAIRequest
 
 CONTEXT_CODE = "context_length_exceeded"
+WORK_CODE = "embedding_work_exceeded"
+Answering = Callable[[], None]  # the answer has started: the route's deadline stops there
 # Bodies bigger than these are parsed or encoded on a thread, not on the event loop.
 OFF_LOOP_BYTES = 256 << 10
 OFF_LOOP_FLOATS = 16_384
@@ -71,12 +78,37 @@ class EmbeddingDeployment(Deployment):
         yield  # an async generator, like every deployment's `open`
 
     @abstractmethod
-    def prepare_embedding(self, request: EmbeddingRequest) -> Call:
-        """Validate and count tokens; a 400 for what this deployment refuses."""
+    def prepare_embedding(self, request: EmbeddingRequest, *,
+                          plan_bound: int | None = None) -> Call:
+        """Validate and count tokens; a 400 for what this deployment refuses (a request over
+        its bound, or over `plan_bound`, the caller's plan's, where that is smaller)."""
 
     @abstractmethod
-    async def embed(self, call: Call, *, request_id: str) -> bytes:
-        """The OpenAI embeddings body, with `model` the name the caller asked for."""
+    async def embed(self, call: Call, *, request_id: str,
+                    answering: Answering | None = None) -> bytes:
+        """The OpenAI embeddings body, with `model` the name the caller asked for.
+
+        `call.usage.prompt_tokens` is what the call has cost so far (the rows computed, where
+        the deployment knows; else 0 until the answer); `answering` is called once the work
+        has visibly started, where it can be seen (the model in this process)."""
+
+    @property
+    def max_request_tokens(self) -> int | None:
+        """The most input tokens one request may embed here (None: no bound)."""
+        return self.config.max_request_tokens
+
+    def check_work(self, tokens: int, rows: int, *, bound: int | None = None,
+                   estimated: bool = False) -> None:
+        """A 400 for a request larger than this deployment's bound (or `bound`, a plan's,
+        where it is smaller), before anything is computed or sent."""
+        bounds = [b for b in (self.max_request_tokens, bound) if b is not None]
+        if bounds and tokens > min(bounds):
+            about = "about " if estimated else ""
+            raise bad_request(
+                f"This request's {rows} input{'s' if rows != 1 else ''} add up to {about}"
+                f"{tokens} tokens; '{self.config.model_name}' embeds at most {min(bounds)} "
+                "tokens in one request. Please send the inputs in several requests.",
+                param="input", code=WORK_CODE)
 
     def refuse_unknown_fields(self, request: EmbeddingRequest) -> None:
         """Fields outside OpenAI's schema go only where the config passes them through."""
@@ -94,6 +126,16 @@ def estimated_embedding_call(request: EmbeddingRequest) -> Call:
     return Call(request, False, prompt_tokens=prompt_tokens, max_output_tokens=0)  # type: ignore[arg-type]
 
 
+def bounded_estimate(deployment: EmbeddingDeployment, request: EmbeddingRequest,
+                     plan_bound: int | None = None) -> Call:
+    """The estimated call, refused where it exceeds the deployment's configured bound (or
+    the plan's)."""
+    call = estimated_embedding_call(request)
+    deployment.check_work(call.prompt_tokens, len(request.inputs()), bound=plan_bound,
+                          estimated=True)
+    return call
+
+
 class HttpEmbeddingDeployment(EmbeddingDeployment):
     """An OpenAI-compatible upstream's POST {base_url}/embeddings, on the shared pool."""
 
@@ -109,11 +151,13 @@ class HttpEmbeddingDeployment(EmbeddingDeployment):
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
         self._tls: ssl.SSLContext | bool = tls if tls is not None else True
 
-    def prepare_embedding(self, request: EmbeddingRequest) -> Call:
+    def prepare_embedding(self, request: EmbeddingRequest, *,
+                          plan_bound: int | None = None) -> Call:
         self.refuse_unknown_fields(request)
-        return estimated_embedding_call(request)
+        return bounded_estimate(self, request, plan_bound)
 
-    async def embed(self, call: Call, *, request_id: str) -> bytes:
+    async def embed(self, call: Call, *, request_id: str,
+                    answering: Answering | None = None) -> bytes:
         request: EmbeddingRequest = call.request  # type: ignore[assignment]
         body = request.upstream_body()
         body["model"] = self.config.upstream_model or self.config.model_name
@@ -139,11 +183,13 @@ class LiteLLMEmbeddingDeployment(EmbeddingDeployment, LiteLLMDeployment):
     """`litellm.aembedding` with the deployment's model string, key and base URL; litellm's
     start (provider check, cost-map price), close and error mapping are the chat one's."""
 
-    def prepare_embedding(self, request: EmbeddingRequest) -> Call:
+    def prepare_embedding(self, request: EmbeddingRequest, *,
+                          plan_bound: int | None = None) -> Call:
         self.refuse_unknown_fields(request)
-        return estimated_embedding_call(request)
+        return bounded_estimate(self, request, plan_bound)
 
-    async def embed(self, call: Call, *, request_id: str) -> bytes:
+    async def embed(self, call: Call, *, request_id: str,
+                    answering: Answering | None = None) -> bytes:
         litellm = load_litellm()
         request: EmbeddingRequest = call.request  # type: ignore[assignment]
         started = time.perf_counter()
@@ -235,8 +281,12 @@ async def rendered(vectors: np.ndarray, call: Call) -> bytes:
 def build_embedding_deployment(config: DeploymentConfig, *, pool: HttpPool,
                                worker_secret: str = "", worker_tls: ssl.SSLContext | None = None,
                                device: str | None = None, max_batch_rows: int = 64,
-                               max_batch_tokens: int = 16_384) -> EmbeddingDeployment:
-    """The embedding deployment a config describes (no I/O: `start` loads or connects)."""
+                               max_batch_tokens: int = 4096,
+                               max_request_tokens: int | None = None) -> EmbeddingDeployment:
+    """The embedding deployment a config describes (no I/O: `start` loads or connects).
+
+    `max_request_tokens`: the bound of the model in this process when its config sets none
+    (the gateway's `embedding_max_request_tokens`); upstreams keep their config's."""
     if config.provider == "litellm":
         return LiteLLMEmbeddingDeployment(config)
     if config.provider in ("openai", "worker"):
@@ -246,4 +296,5 @@ def build_embedding_deployment(config: DeploymentConfig, *, pool: HttpPool,
     from gateway.deployments.local_embedding import LocalEmbeddingDeployment  # imports torch
 
     return LocalEmbeddingDeployment(config, device=device, max_batch_rows=max_batch_rows,
-                                    max_batch_tokens=max_batch_tokens)
+                                    max_batch_tokens=max_batch_tokens,
+                                    max_request_tokens=max_request_tokens)

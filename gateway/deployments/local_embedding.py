@@ -7,7 +7,14 @@ requests (`gateway.deployments.batcher`); mean pooling under the attention mask 
 vector independent of what it was batched with (padding is masked out), to float rounding.
 
 An input longer than the model's window is refused (400 `context_length_exceeded`, as OpenAI
-does), not cut: a cut input would be billed and embedded as if it were whole.
+does), not cut: a cut input would be billed and embedded as if it were whole. A request whose
+inputs add up to more tokens than the deployment's `max_request_tokens` is refused too (400
+`embedding_work_exceeded`), before any forward: the bound keeps the largest request within
+the route's time on a small CPU.
+
+Tenants share the model fairly (`call.share`: the key's tenant and its plan's weight), and
+`call.usage.prompt_tokens` follows the rows computed, so a request cut short (the client left)
+pays for the work done on it, not nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from caching.embedder import MAX_TOKENS, Embedder, bundled_model_dir
 from gateway.deployments.base import Call, UpstreamFailure
 from gateway.deployments.batcher import MicroBatcher, Rows
 from gateway.deployments.config import DeploymentConfig
-from gateway.deployments.embedding import EmbeddingDeployment, rendered
+from gateway.deployments.embedding import Answering, EmbeddingDeployment, rendered
 from gateway.errors import bad_request
 from gateway.schemas.embeddings import EmbeddingRequest, unknown_field
 
@@ -94,8 +101,10 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
     all-MiniLM-L6-v2) or a model folder."""
 
     def __init__(self, config: DeploymentConfig, *, device: str | None = None,
-                 max_batch_rows: int = 64, max_batch_tokens: int = 16_384) -> None:
+                 max_batch_rows: int = 64, max_batch_tokens: int = 4096,
+                 max_request_tokens: int | None = None) -> None:
         super().__init__(config)
+        self._default_bound = max_request_tokens
         model = config.upstream_model
         folder = None if model in (None, "default") else Path(model)
         self.encoder = TokenEncoder(folder, device=device or "cpu")
@@ -113,6 +122,15 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
         return {"queued_rows": float(self.batcher.pending_rows)}
 
     @property
+    def max_request_tokens(self) -> int | None:
+        """The config's bound, else the gateway's (`embedding_max_request_tokens`)."""
+        configured = self.config.max_request_tokens
+        return configured if configured is not None else self._default_bound
+
+    def tenant_tokens(self) -> dict[str, int]:
+        return dict(self.batcher.tokens)
+
+    @property
     def window(self) -> int:
         return min(self.config.context_window, self.encoder.window)
 
@@ -120,7 +138,8 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
     def tokenizes(self) -> bool:
         return True
 
-    def prepare_embedding(self, request: EmbeddingRequest) -> Call:
+    def prepare_embedding(self, request: EmbeddingRequest, *,
+                          plan_bound: int | None = None) -> Call:
         extras = request.extra_fields()
         if extras:  # nothing outside OpenAI's schema means anything to this model
             raise unknown_field(extras[0])
@@ -142,6 +161,7 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
                     f"you requested {len(row)} tokens{where}. Please reduce your input.",
                     param="input", code="context_length_exceeded")
         tokens = sum(len(row) for row in rows)
+        self.check_work(tokens, len(rows), bound=plan_bound)
         return Call(request, False, prompt_tokens=tokens, max_output_tokens=0,  # type: ignore[arg-type]
                     native=rows)
 
@@ -153,15 +173,31 @@ class LocalEmbeddingDeployment(EmbeddingDeployment):
                                   f"(0..{vocab - 1}).", param="input", code="invalid_value")
         return ids
 
-    async def embed(self, call: Call, *, request_id: str) -> bytes:
+    async def embed(self, call: Call, *, request_id: str,
+                    answering: Answering | None = None) -> bytes:
+        """Rows from every tenant's requests share forwards fairly (`call.share`); the usage
+        counts the tokens of the rows computed as they finish. The first of them is the answer
+        starting (`answering`): from then on the route's deadline no longer cuts it, as an
+        engine's first event does for a completion."""
         rows: Rows = call.native
+        share = call.share
+        usage = call.usage
+
+        def progress(tokens: int, gone: bool) -> None:
+            if not usage.prompt_tokens and answering is not None and not gone:
+                answering()
+            usage.prompt_tokens = usage.computed_prompt_tokens = min(tokens, call.prompt_tokens)
+
         try:
-            vectors = await self.batcher.embed(rows)
+            vectors = await self.batcher.embed(
+                rows, tenant=share.tenant if share is not None else "",
+                weight=share.weight if share is not None else 1.0,
+                priority=share.priority if share is not None else 0, progress=progress)
         except RuntimeError as exc:  # the model failed (out of memory, closed): try another
             raise UpstreamFailure(503, "the embedding model failed", code="worker_failed"
                                   ) from exc
-        call.usage.prompt_tokens = call.prompt_tokens
-        call.usage.finished = True
+        usage.prompt_tokens = usage.computed_prompt_tokens = call.prompt_tokens
+        usage.finished = True
         return await rendered(vectors, call)
 
     async def _forward(self, rows: Rows) -> np.ndarray:

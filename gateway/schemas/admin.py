@@ -69,6 +69,8 @@ class PlanCreate(_In):
     price_markup_bp: MarkupBp = 0
     engine_weight: EngineWeight = 1.0
     priority: Priority = 0
+    # the most input tokens one embeddings request may embed; lowers a deployment's bound
+    embedding_max_request_tokens: Limit = None
 
 
 class PlanUpdate(_In):
@@ -87,6 +89,7 @@ class PlanUpdate(_In):
     price_markup_bp: MarkupBp | None = None
     engine_weight: EngineWeight | None = None
     priority: Priority | None = None
+    embedding_max_request_tokens: Limit = None  # an explicit null: the deployments' bounds
 
 
 class PlanOut(_Out):
@@ -107,6 +110,7 @@ class PlanOut(_Out):
     price_markup_bp: int
     engine_weight: float
     priority: int
+    embedding_max_request_tokens: int | None = None
 
 
 class TenantCreate(_In):

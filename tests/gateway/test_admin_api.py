@@ -223,6 +223,8 @@ async def test_plan_cache_settings_create_patch_and_clear(admin):
     ({"priority": -11}, "priority"),
     ({"priority": 1.5}, "priority"),
     ({"priority": None}, "priority"),
+    ({"embedding_max_request_tokens": 0}, "embedding_max_request_tokens"),
+    ({"embedding_max_request_tokens": 2**31}, "embedding_max_request_tokens"),
 ])
 async def test_bad_plan_settings_are_400(admin, body, param):
     c = admin.client
@@ -323,6 +325,25 @@ async def test_plan_engine_share_create_patch_and_reach_the_key_context(admin):
         "engine_weight": 0.5, "priority": 10}))
     ctx = await keys.tenant(auth)
     assert (ctx.plan.engine_weight, ctx.plan.priority) == (0.5, 10)
+
+
+async def test_plan_embedding_bound_create_patch_clear_and_reach_the_key_context(admin):
+    c, tenant = admin.client, admin.tenant
+    assert ok(await c.post("/admin/plans", json={"name": "unbounded"}), 201)[
+        "embedding_max_request_tokens"] is None
+    plan = ok(await c.post("/admin/plans", json={
+        "name": "bounded", "embedding_max_request_tokens": 4096}), 201)
+    assert plan["embedding_max_request_tokens"] == 4096
+    patched = ok(await c.patch(f"/admin/plans/{plan['id']}",
+                               json={"embedding_max_request_tokens": None}))
+    assert patched == {**plan, "embedding_max_request_tokens": None}
+
+    keys = c._transport.app.state.gateway.keys  # type: ignore[attr-defined]
+    auth = f"Bearer {tenant.key}"
+    assert (await keys.tenant(auth)).plan.embedding_max_request_tokens is None
+    ok(await c.patch(f"/admin/plans/{tenant.plan_id}",
+                     json={"embedding_max_request_tokens": 1000}))
+    assert (await keys.tenant(auth)).plan.embedding_max_request_tokens == 1000
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])

@@ -21,7 +21,7 @@ from tenancy.models import Base
 
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
           "adapters", "price_versions", "usage_daily", "invoices"}
-HEAD = "0005"
+HEAD = "0006"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -274,4 +274,27 @@ async def test_engine_share_migration_fills_existing_rows(blank_db_url: str) -> 
 
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _share_rows) == [("pro", 1.0, 0)]
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+# --- 0006: the plan's bound on an embeddings request's work -------------------------------
+
+
+def _bound_rows(conn: Connection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(text(
+        "SELECT name, embedding_max_request_tokens FROM plans ORDER BY name"))]
+
+
+async def test_embedding_bound_migration_keeps_existing_plans(blank_db_url: str) -> None:
+    """0006 alone, on data: old plans get no bound of their own; downgrade keeps them."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0005")
+    await _inspect(blank_db_url, _seed_plan)
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _bound_rows) == [("pro", None)]
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0005")
+    assert "embedding_max_request_tokens" not in await _inspect(blank_db_url, _plan_columns)
+    assert await _inspect(blank_db_url, _names) == (["pro"], [], [])
+
+    await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _diff) == []

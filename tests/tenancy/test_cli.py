@@ -81,8 +81,10 @@ def test_commands_end_to_end(cli: Cli, db_path: Path, tmp_path: Path) -> None:
     assert (cached["cache_mode"], cached["semantic_threshold"], cached["cache_ttl_s"],
             cached["cache_hit_price_percent"]) == ("semantic", 0.85, 600, 20)
     heavy = cli.ok("plans", "create", "--name", "heavy", "--engine-weight", "2.5",
-                   "--priority", "-3")
+                   "--priority", "-3", "--embedding-max-request-tokens", "8192")
     assert (heavy["engine_weight"], heavy["priority"]) == (2.5, -3)
+    assert heavy["embedding_max_request_tokens"] == 8192
+    assert plan["embedding_max_request_tokens"] is None
     listed = cli.ok("plans", "list")
     assert [p["name"] for p in listed] == ["pro", "free", "cached", "heavy"]
     assert (listed[3]["engine_weight"], listed[3]["priority"]) == (2.5, -3)
@@ -168,6 +170,7 @@ def test_errors_go_to_stderr_with_a_non_zero_exit(cli: Cli) -> None:
         ["plans", "create", "--name", "x", "--priority", "11"],
         ["plans", "create", "--name", "x", "--priority", "-11"],
         ["plans", "create", "--name", "x", "--priority", "1.5"],
+        ["plans", "create", "--name", "x", "--embedding-max-request-tokens", "0"],
         ["tenants", "create", "--name", "x", "--plan", "p", "--semantic-threshold", "-1"],
         ["keys", "create", "--tenant", "t", "--expires-in-days", "0"],
         ["plans"],

@@ -531,6 +531,10 @@ async def test_engine_share_defaults_round_trip_and_reach_the_key_context(
         ({"priority": None}, "priority"),
         ({"priority": 1.0}, "priority"),
         ({"priority": True}, "priority"),
+        ({"embedding_max_request_tokens": 0},
+         "embedding_max_request_tokens must be an integer in [1, 2147483647] or null"),
+        ({"embedding_max_request_tokens": 2**31}, "embedding_max_request_tokens"),
+        ({"embedding_max_request_tokens": 1.5}, "embedding_max_request_tokens"),
     ],
 )
 async def test_engine_share_validation(
@@ -571,3 +575,18 @@ async def test_usage_records_carry_the_cache_hit_kind(session: AsyncSession) -> 
     )
     assert [tuple(row) for row in rows] == [("exact", "exact"), ("miss", "none"),
                                             ("semantic", "semantic")]
+
+
+async def test_embedding_bound_round_trips_and_reaches_the_key_context(
+    session: AsyncSession, pepper: bytes
+) -> None:
+    plan = await service.create_plan(session, name="bounded", embedding_max_request_tokens=4096)
+    tenant = await service.create_tenant(session, name="acme", plan_id=plan.id)
+    key, _ = await service.create_api_key(session, tenant_id=tenant.id, pepper=pepper)
+    session.expunge_all()
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and ctx.plan.embedding_max_request_tokens == 4096
+    await service.update_plan(session, plan_id=plan.id, embedding_max_request_tokens=None)
+    session.expunge_all()
+    ctx = await service.load_key_context(session, key_id=key.id)
+    assert ctx is not None and ctx.plan.embedding_max_request_tokens is None

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from caching.embedder import Embedder
+from gateway.deployments.base import EngineShare
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.local_embedding import LocalEmbeddingDeployment
 from gateway.errors import APIError
@@ -81,3 +82,76 @@ async def test_refusals(minilm: LocalEmbeddingDeployment) -> None:
     assert minilm.window == 256
     with pytest.raises(APIError):
         minilm.prepare(request(input="x"), chat=True, tenant_id="t")  # type: ignore[arg-type]
+
+
+async def test_a_request_over_the_bound_is_refused_before_any_forward() -> None:
+    config = DeploymentConfig(name="emb", model_name="minilm", provider="embedded",
+                              mode="embedding", upstream_model="default")
+    deployment = LocalEmbeddingDeployment(config, max_request_tokens=1000)
+    await deployment.start()
+    try:
+        ids = [[2000 + i for i in range(254)]] * 4  # 4 x 256 tokens with [CLS] and [SEP]
+        with pytest.raises(APIError) as caught:
+            deployment.prepare_embedding(request(input=ids))
+        error = caught.value
+        assert (error.status, error.param, error.code) == (400, "input",
+                                                           "embedding_work_exceeded")
+        assert "1024 tokens" in error.message and "at most 1000" in error.message
+        assert "4 inputs" in error.message
+        assert deployment.batcher.forwards == 0
+        assert deployment.prepare_embedding(request(input=ids[:3])).prompt_tokens == 768
+        # a deployment's own bound replaces the gateway's
+        own = LocalEmbeddingDeployment(config.model_copy(update={"max_request_tokens": 500}),
+                                       max_request_tokens=1000)
+        assert own.max_request_tokens == 500
+        own.encoder = deployment.encoder
+        with pytest.raises(APIError):
+            own.prepare_embedding(request(input=ids[:2]))
+    finally:
+        await deployment.close()
+
+
+async def test_embed_runs_in_the_caller_s_share_and_counts_rows_as_they_finish(
+        minilm: LocalEmbeddingDeployment) -> None:
+    minilm.batcher.max_rows = 2
+    call = minilm.prepare_embedding(request(input=["one", "two words", "three more words"]))
+    call.share = EngineShare("tenant-a", 2.0)
+    seen: list[int] = []
+    started: list[int] = []
+    forward = minilm.batcher._forward
+
+    async def watched(rows):  # the usage before each forward: the rows done so far
+        seen.append(call.usage.prompt_tokens)
+        return await forward(rows)
+
+    minilm.batcher._forward = watched
+    body = await minilm.embed(call, request_id="r", answering=lambda: started.append(1))
+    assert seen == [0, 3 + 4]  # [CLS] one [SEP], [CLS] two words [SEP]
+    assert call.usage.prompt_tokens == call.prompt_tokens == 3 + 4 + 5
+    assert call.usage.finished and started == [1] and b'"prompt_tokens":12' in body
+    assert minilm.tenant_tokens() == {"tenant-a": 12}
+
+
+async def test_a_cut_call_keeps_the_tokens_computed(minilm: LocalEmbeddingDeployment) -> None:
+    minilm.batcher.max_rows = 1
+    call = minilm.prepare_embedding(request(input=["a b", "c d", "e f", "g h"]))
+    second = asyncio.Event()
+    hold = asyncio.Event()
+    forward = minilm.batcher._forward
+
+    async def held(rows):
+        if minilm.batcher.forwards == 1:  # the second forward: computed, held
+            second.set()
+            await hold.wait()
+        return await forward(rows)
+
+    minilm.batcher._forward = held
+    task = asyncio.ensure_future(minilm.embed(call, request_id="r"))
+    await second.wait()
+    assert call.usage.prompt_tokens == 4
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    hold.set()
+    assert not call.usage.finished
+    # the first row, and the second one's forward (it runs to its end): two rows of 4
+    assert call.usage.prompt_tokens == 8 < call.prompt_tokens == 16
