@@ -2,10 +2,12 @@
 
     authenticate key (cached) -> read and validate the body -> route: the name to the embedding
     deployments to try (the router's own key, plan and tier checks, over embedding
-    deployments only) -> prepare the call on the first whose window holds every input (exact
-    token counts for the model in this process) -> reserve limits and budget atomically (429)
-    -> dispatch with fallbacks until one deployment answers (a client that disconnects aborts
-    it) -> settle the reservation to the real input tokens and meter them.
+    deployments only) -> estimate the call (no tokenizer runs) and admit it as completions
+    do (429) -> prepare it exactly on the first whose window holds every input (the model in
+    this process tokenizes, in a thread, once) and reserve the exact count
+    (`admission.admit_exactly`, 429) -> dispatch with fallbacks until one deployment
+    answers (a client that disconnects aborts it) -> settle the reservation to the real input
+    tokens and meter them.
 
 There is no response cache and no stream: an embedding is cheap to recompute and comes whole.
 The reservation is settled exactly once per admitted request, whatever happens after it.
@@ -28,13 +30,15 @@ from billing.pricing import charge
 from gateway.admission import (
     admission_request,
     admit,
+    admit_exactly,
     counted_if_refused,
     ratelimit_headers,
     refuse_if_held,
 )
-from gateway.deployments.base import Call, Deployment
+from gateway.deployments.base import Call, Deployment, EngineShare
 from gateway.deployments.embedding import (
     EmbeddingDeployment,
+    estimated_embedding_call,
     not_an_embedding_model,
     wrong_endpoint,
 )
@@ -70,7 +74,8 @@ async def serve_embeddings(request: Request) -> Response:
         annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
         with tracing.span("route"):
             plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
-                                    gw.adapters, key, body.model, tier=asked_tier(request),
+                                    gw.adapters, key, body.model,
+                                    tier=asked_tier(request.headers),
                                     logprobs=False)
         if not isinstance(plan.order[0], EmbeddingDeployment):
             raise not_an_embedding_model(body.model)
@@ -79,17 +84,35 @@ async def serve_embeddings(request: Request) -> Response:
         def prepare(deployment: Deployment) -> Call:
             if not isinstance(deployment, EmbeddingDeployment):
                 raise not_an_embedding_model(body.model)
-            call = deployment.prepare_embedding(body)
+            call = deployment.prepare_embedding(
+                body, plan_bound=key.plan.embedding_max_request_tokens)
+            call.share = EngineShare(key.tenant_id, key.plan.engine_weight, key.plan.priority)
             dispatches.prepared(call, deployment.name)
             return call
 
+        def estimate(deployment: Deployment) -> Call:
+            if deployment.tokenizes:  # no tokenizer before the cheap checks
+                return estimated_embedding_call(body)
+            return prepare(deployment)
+
         with tracing.span("prepare"):
-            order, call = await first_that_fits(plan.order, prepare)
+            order, call = await first_that_fits(plan.order, estimate, threaded=False)
     request_id = f"emb-{uuid.uuid4().hex}"
     admission = admission_request(request_id=request_id, key=key, call=call,
-                                  price=order[0].price)
-    decision = await admit(gw, admission, key=key, model=order[0].config.model_name,
-                           adapter=False)
+                                  price=order[0].price,
+                                  exact=not order[0].tokenizes)
+    model = order[0].config.model_name
+    decision = await admit(gw, admission, key=key, model=model, adapter=False)
+    if order[0].tokenizes:  # admitted on an estimate: now the exact count, off the loop
+        try:
+            with tracing.span("prepare"):
+                order, call = await first_that_fits(order, prepare)
+        except BaseException:
+            gw.spawn(gw.limiter.settle(admission, tokens=0, cost_micros=0))
+            raise
+        admission, decision = await admit_exactly(
+            gw, admission, call=call, price=order[0].price, key=key, model=model,
+            adapter=False)
     headers = ratelimit_headers(decision)
     bill = EmbeddingBill(gw, key, order[0], call, admission, scope_state["request_id"], clock,
                          span=span, dispatches=dispatches)
@@ -149,7 +172,12 @@ class EmbeddingBill(Settlement):
 
     Input tokens only: the usage record has no completion tokens and is priced at the
     deployment's input price (with the plan's markup), like any other row of the ledger, so
-    usage reports, exports and invoices show it beside completions."""
+    usage reports, exports and invoices show it beside completions.
+
+    Work done is billed however the request ends: a request cut short (the client left, the
+    route timed out, the model failed midway) pays for the tokens of the inputs computed, as
+    the deployment kept them in `call.usage.prompt_tokens` (the model in this process counts
+    them row by row; an upstream says nothing until it answers, so 0)."""
 
     def close(self, status: str) -> None:
         if self.closed:
@@ -157,7 +185,8 @@ class EmbeddingBill(Settlement):
         self.closed = True
         self.release()
         usage = self.call.usage
-        tokens = usage.prompt_tokens if usage.finished else 0
+        tokens = min(usage.prompt_tokens, self.call.prompt_tokens) if not usage.finished \
+            else usage.prompt_tokens
         cost = charge(self.deployment.price.rates(), prompt_tokens=tokens, completion_tokens=0,
                       markup_bp=self.key.plan.price_markup_bp)
         now = time.perf_counter()
@@ -198,4 +227,6 @@ async def _embed(deployment: Deployment, call: Call, *, stream: bool, request_id
     """One attempt at the embeddings body (the fallbacks' `run`)."""
     if not isinstance(deployment, EmbeddingDeployment):
         raise wrong_endpoint(call.request.model)
-    return await deployment.embed(call, request_id=request_id)
+    # Once the deployment is computing (its first inputs done) the route's deadline no longer
+    # cuts it: as for a completion's first event, a request making progress runs to its end.
+    return await deployment.embed(call, request_id=request_id, answering=answering)

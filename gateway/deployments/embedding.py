@@ -121,7 +121,7 @@ class EmbeddingDeployment(Deployment):
 def estimated_embedding_call(request: EmbeddingRequest) -> Call:
     """A call on an upstream whose tokenizer does not run here: four characters a token (a
     token id counts one), for admission; the upstream's own count is what is billed."""
-    prompt_tokens = sum(math.ceil(len(item) / 4) + 1 if isinstance(item, str) else len(item)
+    prompt_tokens = sum(_estimated_tokens(item) if isinstance(item, str) else len(item)
                         for item in request.inputs())
     return Call(request, False, prompt_tokens=prompt_tokens, max_output_tokens=0)  # type: ignore[arg-type]
 
@@ -134,6 +134,16 @@ def bounded_estimate(deployment: EmbeddingDeployment, request: EmbeddingRequest,
     deployment.check_work(call.prompt_tokens, len(request.inputs()), bound=plan_bound,
                           estimated=True)
     return call
+
+
+def _estimated_tokens(text: str) -> int:
+    """Four ASCII characters a token, and a token for every byte outside ASCII (as for
+    completions: `base.estimated_prompt_tokens`)."""
+    if text.isascii():
+        return math.ceil(len(text) / 4) + 1
+    data = text.encode()
+    ascii_chars = len(data.decode("ascii", "ignore"))
+    return math.ceil(ascii_chars / 4) + (len(data) - ascii_chars) + 1
 
 
 class HttpEmbeddingDeployment(EmbeddingDeployment):

@@ -19,6 +19,7 @@ from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
+from workers.client import GRAMMAR_ERROR
 from workers.protocol.events import Event, Failed, aclose
 from workers.protocol.render import Fold, fold
 
@@ -206,7 +207,13 @@ async def answer(deployment: Deployment, call: Call, *, stream: bool, request_id
     return whole
 
 
-def _failure(event: Failed) -> UpstreamFailure:
+def _failure(event: Failed) -> UpstreamFailure | APIError:
+    """A whole answer that broke: the deployment's failure (retried elsewhere, counted by its
+    breaker), unless the request's own grammar broke it, which any deployment would repeat:
+    that is the client's error, raised at once and held against no deployment, so no tenant's
+    schema can open a breaker for everyone."""
+    if event.code == GRAMMAR_ERROR:
+        return APIError(event.status, event.message, type_="server_error", code=event.code)
     return UpstreamFailure(event.status if event.status >= 500 else 502, event.message,
                            code=event.code)
 
