@@ -110,7 +110,8 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids
         self.vocab_size = vocab_size
         self.block_manager = BlockManager(num_blocks, args.block_size,
-                                          enable_caching=args.enable_prefix_caching)
+                                          enable_caching=args.enable_prefix_caching,
+                                          window=getattr(runner, "kv_window", None))
         self.loras: LoRAManager | None = None
         if args.enable_lora:
             self.loras = LoRAManager(max_loras=args.max_loras,

@@ -24,7 +24,12 @@ import torch
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import LoRAAdapter, ModuleShape, load_adapter
 from workers.runner import cpu_amx, kv_cache, token_mask
-from workers.runner.attention import AttentionMetadata, GatherWorkspace, build_metadata
+from workers.runner.attention import (
+    AttentionMetadata,
+    GatherWorkspace,
+    build_metadata,
+    pool_window,
+)
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.draft import DraftProposer
@@ -179,6 +184,15 @@ class ModelRunner:
                    lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
                    attention_backend=backend, linear_backend=linear_backend,
                    prefill_attention=prefill, draft=proposer)
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window by which the block manager gives a sequence's old blocks back
+        (`BlockManager(window=)`): where every layer attends within one (`pool_window`);
+        None with a draft model, which reads the same block tables."""
+        if self.draft is not None:
+            return None
+        return pool_window(getattr(self.model, "windows", ()))
 
     def read_adapter(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read and validate a peft adapter for this model (disk I/O: call off the step loop)."""
