@@ -13,6 +13,7 @@ from workers import AsyncLLMEngine, LLMEngine
 from workers.client import EmbeddedClient
 from workers.engine.sampling_params import InvalidRequestError
 from workers.protocol.render import sse
+from workers.tools.hermes import ParsedCall
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -114,6 +115,37 @@ async def test_required_makes_at_least_one_valid_call(client, parallel):
         jsonschema.validate(json.loads(call["function"]["arguments"]),
                             SCHEMAS[call["function"]["name"]])
     check_same(whole, chunks)
+
+
+@pytest.mark.parametrize("max_tokens", [3, 8, 14])
+async def test_required_cut_short_is_a_partial_call_never_content(client, max_tokens):
+    """Issue 39: cut by max_tokens, `required` answered 200 with the grammar's partial text
+    as content ('[{"name": "get_weather'). The call it was cut in is a call, its arguments as
+    far as written, and the finish says `length`."""
+    whole, chunks = await both(client, body(tool_choice="required", max_tokens=max_tokens))
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert not choice["message"]["content"]  # no tool JSON as text (None, or "" with no call)
+    calls = choice["message"].get("tool_calls") or []
+    assert len(calls) == (0 if max_tokens == 3 else 1)  # 3 tokens end before the name
+    for call in calls:
+        assert call["function"]["name"] in SCHEMAS
+        assert '"name"' not in call["function"]["arguments"]
+    check_same(whole, chunks)
+
+
+def test_held_calls_reads_a_cut_array():
+    from workers.tools.processor import held_calls
+
+    names = ["get_weather", "get_time"]
+    assert held_calls('[{"name": "get_weather", "arguments": {"city": "Pa', names) == [
+        ParsedCall("get_weather", '{"city": "Pa')]
+    assert held_calls('[{"name": "get_wea', names) == [ParsedCall("get_weather", "")]
+    assert held_calls('[{"name": "get_', names) == []  # two tools begin so
+    assert held_calls("[", names) == [] and held_calls("", names) == []
+    assert held_calls('[{"name": "get_time", "arguments": {}}, {"name": "get_weather", '
+                      '"arguments": {"ci', names) == [
+        ParsedCall("get_time", "{}"), ParsedCall("get_weather", '{"ci')]
 
 
 async def test_auto_parses_hermes_blocks_out_of_the_text(client):

@@ -8,6 +8,7 @@ content.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from workers.protocol.events import Delta, TextDelta, ToolCallDelta
@@ -80,14 +81,58 @@ class ChoiceProcessor:
         return delta
 
     def _required(self) -> list[Delta]:
-        """The constrained array as calls; text the model was cut off in is content."""
+        """The constrained array as calls. An array cut short (max_tokens) gives its whole
+        calls and the one it was cut in, with the arguments written so far: tool JSON is
+        never content, and the finish reason says `length`."""
+        calls = [self._call(call) for call in held_calls(
+            self._held, [t["function"]["name"] for t in self.plan.tools])]
+        return list(calls)
+
+
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)("?)')
+_ARGUMENTS = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def held_calls(held: str, names: list[str]) -> list[ParsedCall]:
+    """The calls of a `required` array (`[{"name": ..., "arguments": {...}}, ...]`), whole
+    or cut short: each whole item, then the item the text ends in, its name completed where
+    the text began it (names are constants of the grammar) and its arguments as written."""
+    decoder = json.JSONDecoder()
+    calls: list[ParsedCall] = []
+    start = held.find("[")
+    if start < 0:
+        return calls
+    pos = start + 1
+    while pos < len(held):
+        while pos < len(held) and held[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(held) or held[pos] == "]":
+            break
         try:
-            items = json.loads(self._held)
+            item, pos = decoder.raw_decode(held, pos)
         except ValueError:
-            items = None
-        if not isinstance(items, list):
-            return [TextDelta(self.index, self._held)] if self._held else []
-        calls = [parse_call(json.dumps(item)) for item in items]
-        if any(c is None for c in calls):
-            return [TextDelta(self.index, self._held)]
-        return [self._call(c) for c in calls if c is not None]
+            cut = _cut_call(held[pos:], names)
+            if cut is not None:
+                calls.append(cut)
+            break
+        call = parse_call(json.dumps(item))
+        if call is not None:
+            calls.append(call)
+    return calls
+
+
+def _cut_call(text: str, names: list[str]) -> ParsedCall | None:
+    """The item the text was cut in: its name (completed from the tools where it was cut
+    mid-name and only one tool fits) and its arguments so far."""
+    match = _NAME.match(text)
+    if match is None:
+        return None
+    name = json.loads(f'"{match.group(1)}"') if match.group(2) else match.group(1)
+    if not match.group(2):
+        fits = [n for n in names if n.startswith(name)]
+        if len(fits) != 1:
+            return None
+        name = fits[0]
+    rest = text[match.end():]
+    arguments = _ARGUMENTS.match(rest)
+    return ParsedCall(name, rest[arguments.end():] if arguments else "")
