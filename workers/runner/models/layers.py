@@ -324,9 +324,12 @@ class DecoderModel(nn.Module):
         self.config = config
         self.arch = arch = arch if arch is not None else Arch.of("llama", config)
         # one table per RoPE setting the layers use; they stay float32
-        self.rotary = nn.ModuleDict({
-            key: RotaryEmbedding(config, arch.head_dim, max_positions, layer_type)
-            for key, layer_type in arch.ropes.items()})
+        try:
+            self.rotary = nn.ModuleDict({
+                key: RotaryEmbedding(config, arch.head_dim, max_positions, layer_type)
+                for key, layer_type in arch.ropes.items()})
+        except ValueError as exc:
+            raise ValueError(f"{arch.family}: {exc}") from exc
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(arch, i, max_model_len) for i in range(arch.num_layers))
