@@ -110,6 +110,7 @@ class LiteLLMDeployment(Deployment):
         self._api_key = config.secret()
         self._redact = _secrets_of(config.base_url, self._api_key)
         self._started = False
+        self._cataloged = True  # in litellm's catalog (known at start)
 
     async def start(self) -> None:
         """Import litellm off the loop, check the model string, price it from the cost map."""
@@ -121,6 +122,7 @@ class LiteLLMDeployment(Deployment):
             raise bad_request(f"litellm does not know which provider serves {model!r}; use "
                               "'provider/model', e.g. 'openai/gpt-4o-mini'.",
                               param="upstream_model", code="invalid_value") from None
+        self._cataloged = _cataloged(litellm, model)
         if self.config.configured_price() is None:
             self.price = cost_map_price(litellm, model)
             if self.price.source == "none":
@@ -225,6 +227,10 @@ class LiteLLMDeployment(Deployment):
         # fields litellm would swallow go in the request body, never as litellm arguments.
         extra = {k: v for k, v in body.items()
                  if k in EXTRA_BODY_FIELDS or k in call.request.extra_fields()}
+        if not self._cataloged and "user" in kwargs:
+            # litellm passes `user` on only for models its catalog knows; to any other it
+            # would be dropped, so it goes in the body as sent.
+            extra["user"] = kwargs.pop("user")
         if extra:
             kwargs["extra_body"] = extra
         kwargs.update(
@@ -291,6 +297,14 @@ async def _close_litellm_clients() -> None:
         litellm.in_memory_llm_clients_cache.flush_cache()
     except Exception as exc:  # best effort: an internal API of litellm's
         logger.debug("closing litellm's clients failed: %r", exc)
+
+
+def _cataloged(litellm: ModuleType, model: str) -> bool:
+    try:
+        litellm.get_model_info(model=model)
+    except Exception:
+        return False
+    return True
 
 
 def cost_map_price(litellm: ModuleType, model: str) -> Price:

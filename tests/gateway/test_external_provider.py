@@ -191,6 +191,18 @@ async def test_chat_completion(mock_upstream):
                             "temperature": 0.5, "seed": 7}
 
 
+async def test_user_reaches_a_model_outside_litellms_catalog(mock_upstream):
+    """litellm drops `user` for a model its catalog lacks ("mock-model"): sent in the body."""
+    d = deployment(mock_upstream.base_url)
+    await d.start()
+    try:
+        call = prepared(d, chat(max_tokens=2, user="end-user-7"))
+        await whole(d, call, request_id="req-user")
+    finally:
+        await d.close()
+    assert mock_upstream.last_request()["body"]["user"] == "end-user-7"
+
+
 async def test_text_completion(mock_upstream):
     d = deployment(mock_upstream.base_url)
     call = prepared(d, text(max_tokens=50))
