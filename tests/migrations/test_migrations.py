@@ -15,13 +15,14 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from billing import models as _billing_models  # noqa: F401 - its tables in Base
+from tenancy import stored_responses as _stored_responses  # noqa: F401 - its table in Base
 from tenancy.db import make_engine
 from tenancy.migrate import MIGRATIONS_DIR, alembic_config, downgrade, upgrade
 from tenancy.models import Base
 
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
-          "adapters", "price_versions", "usage_daily", "invoices"}
-HEAD = "0006"
+          "adapters", "price_versions", "usage_daily", "invoices", "responses"}
+HEAD = "0007"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -90,7 +91,8 @@ async def test_adapters_migration_steps_alone(blank_db_url: str) -> None:
     """0002 alone: up from 0001, down to 0001 (dropping only adapters), up again."""
     await asyncio.to_thread(upgrade, blank_db_url, "0001")
     billing = {"price_versions", "usage_daily", "invoices"}
-    assert await _inspect(blank_db_url, _tables) == (TABLES - {"adapters"} - billing) | {
+    later = {"adapters", "responses"}  # made by migrations after 0001
+    assert await _inspect(blank_db_url, _tables) == (TABLES - later - billing) | {
         "alembic_version"}
     await asyncio.to_thread(upgrade, blank_db_url)
     assert "adapters" in await _inspect(blank_db_url, _tables)
@@ -296,5 +298,56 @@ async def test_embedding_bound_migration_keeps_existing_plans(blank_db_url: str)
     assert "embedding_max_request_tokens" not in await _inspect(blank_db_url, _plan_columns)
     assert await _inspect(blank_db_url, _names) == (["pro"], [], [])
 
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+# --- 0007: responses kept for the Responses API -------------------------------------------
+
+
+def _seed_tenant(conn: Connection) -> None:
+    conn.execute(text("INSERT INTO plans (id, name, budget_period, created_at) "
+                      "VALUES ('p1', 'pro', 'month', :t)"), {"t": _T0})
+    conn.execute(text("INSERT INTO tenants (id, name, plan_id, status, created_at) "
+                      "VALUES ('t1', 'acme', 'p1', 'active', :t)"), {"t": _T0})
+    conn.commit()
+
+
+def _keep_response(conn: Connection) -> None:
+    conn.execute(text(
+        "INSERT INTO responses (id, tenant_id, status, body, input_items, history, created_at) "
+        "VALUES ('resp_1', 't1', 'completed', '{}', '[]', '[]', :t)"), {"t": _T0})
+    conn.commit()
+
+
+def _response_ids(conn: Connection) -> list[str]:
+    return [row[0] for row in conn.execute(text("SELECT id FROM responses"))]
+
+
+def _drop_tenant(conn: Connection) -> None:
+    conn.execute(text("DELETE FROM tenants"))
+    conn.commit()
+
+
+async def test_responses_migration_steps_alone(blank_db_url: str) -> None:
+    """0007 alone, on data: the table comes and goes, tenants stay; a tenant's responses go
+    with it."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0006")
+    await _inspect(blank_db_url, _seed_tenant)
+    await asyncio.to_thread(upgrade, blank_db_url, "0007")
+    await _inspect(blank_db_url, _keep_response)
+    assert await _inspect(blank_db_url, _response_ids) == ["resp_1"]
+    assert "ix_responses_tenant_id_created_at" in {
+        ix["name"] for ix in await _inspect(blank_db_url, lambda c: inspect(c).get_indexes(
+            "responses"))}
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0006")
+    assert "responses" not in await _inspect(blank_db_url, _tables)
+    assert await _inspect(blank_db_url, _names) == (["pro"], ["acme"], [])
+
+    await asyncio.to_thread(upgrade, blank_db_url, "0007")
+    await _inspect(blank_db_url, _keep_response)
+    await _inspect(blank_db_url, _drop_tenant)
+    assert await _inspect(blank_db_url, _response_ids) == []
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _diff) == []
