@@ -30,10 +30,11 @@ from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
 from gateway.state import close_state, open_state
 from tenancy.service import ConflictError, InvalidError, NotFoundError, ServiceError
-from workers.async_engine import AsyncLLMEngine
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
+
+    from workers.async_engine import AsyncLLMEngine
 
 
 def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | None = None,

@@ -40,12 +40,12 @@ from gateway.settings import Settings
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import load_or_create_pepper
 from tenancy.limits import Limiter, make_limiter
-from workers.async_engine import AsyncLLMEngine
 
 if TYPE_CHECKING:  # gateway.console imports gateway.deps, which imports this module
     from opentelemetry.sdk.trace import TracerProvider
 
     from gateway.console.sessions import ConsoleSessions
+    from workers.async_engine import AsyncLLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,8 @@ class GatewayState:
             from gateway.deployments.external import LiteLLMDeployment  # imports litellm
 
             return LiteLLMDeployment(config)
-        from gateway.deployments.embedded import EmbeddedDeployment
+        from gateway.deployments.embedded import EmbeddedDeployment  # imports the engine
+        from workers.async_engine import AsyncLLMEngine
 
         if engine is not None:
             return EmbeddedDeployment(config, engine)

@@ -29,44 +29,15 @@ from workers.protocol.events import (
     Failed,
     Finished,
     Opened,
-    OtherDelta,
     TextDelta,
-    ToolCallDelta,
 )
 from workers.protocol.events import Usage as UsageEvent
 from workers.protocol.render import fold
+from workers.protocol.usage import GRAMMAR_ERROR, Usage
 from workers.tools.choice import ToolPlan, tool_plan
 from workers.tools.parsers import make_parser
 from workers.tools.processor import ChoiceProcessor
 from workers.tools.render import render_chat
-
-
-@dataclass
-class Usage:
-    """Filled in as a request runs; final once the call or stream has ended."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finished: bool = False
-    # Of the prompt, what the deployment had computed when the request ended (engines report
-    # it; None where nobody knows): what an answer cut short before its first token costs.
-    computed_prompt_tokens: int | None = None
-    reported: bool = False  # the upstream has said its own counts (a `Usage` event)
-
-    def observe(self, event: Event) -> None:
-        """Keep the counts current from an upstream's events: its own usage once it reports
-        it; until then one token per content delta (what a stream cut short is billed)."""
-        if isinstance(event, UsageEvent):
-            self.prompt_tokens = event.prompt_tokens or self.prompt_tokens
-            self.completion_tokens = event.completion_tokens
-            self.cached_tokens = event.cached_tokens
-            self.reported = True
-        elif isinstance(event, TextDelta | ToolCallDelta | OtherDelta) and not self.reported:
-            self.completion_tokens += 1
-
-
-GRAMMAR_ERROR = "grammar_error"  # a choice's grammar broke mid-answer (FinishReason.ERROR)
 
 
 class AnswerFailed(Exception):
@@ -275,7 +246,10 @@ class OutputProcessor:
             if reason is not None:
                 state.done = True
                 last, reason = state.tools.finish(reason)
-                events += [*last, Finished(c.index, reason)]
+                matched = c.stop_reason if isinstance(c.stop_reason, str) \
+                    else state.text.stop_reason
+                events += [*last, Finished(c.index, reason,
+                                           matched if reason == "stop" else None)]
                 if stopped and not self.done and c.finish_reason is None:
                     self.client.engine.stop_sample(self.request_id, c.index,
                                                    state.text.stop_reason)

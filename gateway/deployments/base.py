@@ -13,10 +13,10 @@ from typing import Any
 
 from gateway.deployments.config import DeploymentConfig, Price
 from gateway.errors import APIError, bad_request, model_not_found
-from workers.client import Usage
 from workers.engine.prefix_hash import PrefixSummary
 from workers.protocol.events import Event, Failed
 from workers.protocol.requests import OpenAIRequest
+from workers.protocol.usage import Usage
 
 
 class UpstreamFailure(Exception):

@@ -19,9 +19,9 @@ from gateway.deployments.base import Call, Deployment, UpstreamFailure, prepared
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.errors import APIError
 from gateway.routing.health import DeploymentHealth
-from workers.client import GRAMMAR_ERROR
 from workers.protocol.events import Event, Failed, aclose
 from workers.protocol.render import Fold, fold
+from workers.protocol.usage import GRAMMAR_ERROR
 
 if TYPE_CHECKING:
     from gateway.observability.metrics import GatewayMetrics
