@@ -42,8 +42,9 @@ class Charge:
 
 
 def charge(rates: Rates, *, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-           markup_bp: int = 0, share_percent: int = 100) -> Charge:
-    """`cached_tokens` are the part of the prompt served from the prefix cache."""
+           markup_bp: int = 0, share_percent: int | Decimal = 100) -> Charge:
+    """`cached_tokens` are the part of the prompt served from the prefix cache;
+    `share_percent` scales the whole (a cached answer's or a batch line's share)."""
     cached = min(max(cached_tokens, 0), prompt_tokens)
     factor = Decimal(BASIS + markup_bp) * share_percent / (BASIS * 100)
 

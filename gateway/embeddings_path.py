@@ -35,7 +35,7 @@ from gateway.admission import (
     ratelimit_headers,
     refuse_if_held,
 )
-from gateway.deployments.base import Call, Deployment, EngineShare
+from gateway.deployments.base import Call, Deployment
 from gateway.deployments.embedding import (
     EmbeddingDeployment,
     estimated_embedding_call,
@@ -47,7 +47,9 @@ from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant, note
 from gateway.observability.tracing import annotate, current_span
 from gateway.request_path import (
+    Origin,
     asked_tier,
+    engine_share,
     first_that_fits,
     until_done_or_disconnect,
     validation_error,
@@ -58,35 +60,49 @@ from gateway.routing.router import plan_route
 from gateway.schemas.embeddings import EmbeddingRequest, check_inputs
 from gateway.settlement import Clock, Settlement
 from gateway.state import GatewayState
+from tenancy.context import KeyContext
 
 
 async def serve_embeddings(request: Request) -> Response:
+    """One HTTP embeddings request: who is asking and what, then `answer_embeddings`."""
     clock = Clock()
     gw: GatewayState = request.app.state.gateway
-    scope_state = request.scope["state"]
-    tracing, span = gw.tracing, current_span()
-    with tracing.span("auth"):
+    span = current_span()
+    with gw.tracing.span("auth"):
         key = await gw.keys.tenant(request.headers.get("authorization"))
     bind_tenant(key.tenant_id)
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         body = parse_body(await request.body())  # within max_body_bytes (the middleware)
+    origin = Origin(headers=request.headers, receive=request.receive,
+                    state=request.scope["state"], span=span, clock=clock)
+    return await answer_embeddings(gw, key, body, origin)
+
+
+async def answer_embeddings(gw: GatewayState, key: KeyContext, body: EmbeddingRequest,
+                            origin: Origin) -> Response:
+    """A parsed embeddings request answered: route, fit, admit (two steps), dispatch, and
+    settle, each once. A batch line comes here without a client (`origin.receive` None)."""
+    clock, scope_state = origin.clock, origin.state
+    tracing, span = gw.tracing, origin.span
+    async with counted_if_refused(gw, key):  # a 4xx until admission counts for RPM
         annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model, attr.STREAM: False})
         with tracing.span("route"):
             plan = await plan_route(cast(DeploymentRegistry, EmbeddingRoutes(gw.deployments)),
                                     gw.adapters, key, body.model,
-                                    tier=asked_tier(request.headers),
+                                    tier=asked_tier(origin.headers),
                                     logprobs=False)
         if not isinstance(plan.order[0], EmbeddingDeployment):
             raise not_an_embedding_model(body.model)
         dispatches = tracing.dispatches()
+        share = engine_share(key.tenant_id, key.plan, origin.priority)
 
         def prepare(deployment: Deployment) -> Call:
             if not isinstance(deployment, EmbeddingDeployment):
                 raise not_an_embedding_model(body.model)
             call = deployment.prepare_embedding(
                 body, plan_bound=key.plan.embedding_max_request_tokens)
-            call.share = EngineShare(key.tenant_id, key.plan.engine_weight, key.plan.priority)
+            call.share = share
             dispatches.prepared(call, deployment.name)
             return call
 
@@ -115,13 +131,13 @@ async def serve_embeddings(request: Request) -> Response:
             adapter=False)
     headers = ratelimit_headers(decision)
     bill = EmbeddingBill(gw, key, order[0], call, admission, scope_state["request_id"], clock,
-                         span=span, dispatches=dispatches)
+                         span=span, dispatches=dispatches, price_percent=origin.price_percent)
     try:
         clock.dispatched()
         work = gw.fallbacks.serve(order, call, stream=False, request_id=request_id,
                                   prepare=prepare, on_call=bill.attempt, run=_embed)
         try:
-            served = await until_done_or_disconnect(work, request.receive)
+            served = await until_done_or_disconnect(work, origin.receive)
         finally:
             scope_state["upstream_s"] = bill.upstream_s()
         if served is None:
@@ -188,7 +204,7 @@ class EmbeddingBill(Settlement):
         tokens = min(usage.prompt_tokens, self.call.prompt_tokens) if not usage.finished \
             else usage.prompt_tokens
         cost = charge(self.deployment.price.rates(), prompt_tokens=tokens, completion_tokens=0,
-                      markup_bp=self.key.plan.price_markup_bp)
+                      markup_bp=self.key.plan.price_markup_bp, share_percent=self.price_percent)
         now = time.perf_counter()
         model = self.call.request.model
         self.gw.meter.record(

@@ -57,6 +57,8 @@ class Settlement:
     closed: bool = False
     span: Span = field(default=INVALID_SPAN, repr=False)  # the request's
     dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
+    # Share of the normal price charged (a batch line: the plan's batch_price_percent).
+    price_percent: int = 100
 
     def attempt(self, call: Call) -> None:
         """A deployment is being tried with `call` (usage is counted on the latest)."""

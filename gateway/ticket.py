@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from billing.pricing import charge
 from gateway.observability import tracing as attr
@@ -38,11 +39,13 @@ class Ticket(Settlement):
         # Prefix-cache tokens only: an answer from the response cache is priced in full, then
         # scaled by the plan's share for hits.
         cached = usage.cached_tokens if billed_prompt and self.cache_hit == "none" else 0
+        # A batch line pays the plan's batch share of what a live request would.
+        share = 100 if self.cache_hit == "none" else plan.cache_hit_price_percent
         cost = charge(self.deployment.price.rates(), prompt_tokens=billed_prompt,
                       completion_tokens=usage.completion_tokens, cached_tokens=cached,
                       markup_bp=plan.price_markup_bp,
-                      share_percent=100 if self.cache_hit == "none"
-                      else plan.cache_hit_price_percent)
+                      share_percent=share if self.price_percent == 100
+                      else Decimal(share * self.price_percent) / 100)
         adapter = self.call.adapter
         now = time.perf_counter()
         self.gw.meter.record(

@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from billing import models as _billing_models  # noqa: F401 - registers its tables
+from tenancy import batches as _batches  # noqa: F401 - registers its tables
 from tenancy import stored_responses as _stored_responses  # noqa: F401 - registers its table
 from tenancy.models import Base
 

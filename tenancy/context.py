@@ -33,6 +33,7 @@ class PlanLimits:
     engine_weight: float = 1.0  # share of engine tokens relative to other tenants' weights
     priority: int = 0  # within the tenant, lower runs first; the most urgent a request may ask
     embedding_max_request_tokens: int | None = None  # lowers a deployment's bound, never raises
+    batch_price_percent: int = 50  # share of the normal price charged for a batch line
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,9 @@ class Plan(Base):
     # The most input tokens one embeddings request may embed (None: the deployment's bound);
     # it can only lower a deployment's bound (gateway/deployments/embedding.py).
     embedding_max_request_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Share (0..100) of the normal price charged for a line of a batch (the Batch API); 50
+    # as OpenAI's discount. Rows that predate migration 0008 get the default.
+    batch_price_percent: Mapped[int] = mapped_column(Integer, default=50, server_default="50")
 
 
 class Tenant(Base):

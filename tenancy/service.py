@@ -50,6 +50,7 @@ _PLAN_FIELDS = frozenset(
         "engine_weight",
         "priority",
         "embedding_max_request_tokens",
+        "batch_price_percent",
     }
 )
 _KEY_ID_ATTEMPTS = 5
@@ -208,7 +209,7 @@ def _check_plan_field(field: str, value: Any) -> Any:
         return check_semantic_threshold(value)
     if field == "cache_ttl_s":
         return _check_bounded(value, field, low=1, high=_INT32_MAX, nullable=True)
-    if field == "cache_hit_price_percent":
+    if field in ("cache_hit_price_percent", "batch_price_percent"):
         return _check_bounded(value, field, low=0, high=100, nullable=False)
     if field == "price_markup_bp":  # from free (-100%) to ten times the price
         return _check_bounded(value, field, low=-10_000, high=100_000, nullable=False)
@@ -245,6 +246,7 @@ async def create_plan(
     engine_weight: float = 1.0,
     priority: int = 0,
     embedding_max_request_tokens: int | None = None,
+    batch_price_percent: int = 50,
 ) -> Plan:
     """Create a plan; ConflictError if the name is taken."""
     fields = {
@@ -264,6 +266,7 @@ async def create_plan(
         "engine_weight": engine_weight,
         "priority": priority,
         "embedding_max_request_tokens": embedding_max_request_tokens,
+        "batch_price_percent": batch_price_percent,
     }
     plan = Plan(**{field: _check_plan_field(field, value) for field, value in fields.items()})
     if await get_plan_by_name(session, name=plan.name) is not None:
@@ -276,8 +279,8 @@ async def create_plan(
 async def update_plan(session: AsyncSession, *, plan_id: str, **fields: Any) -> Plan | None:
     """Set the given fields (None clears a limit to unlimited); None if no such plan.
 
-    `cache_mode`, `cache_hit_price_percent`, `price_markup_bp`, `engine_weight` and
-    `priority` cannot be None: they always have a value.
+    `cache_mode`, `cache_hit_price_percent`, `batch_price_percent`, `price_markup_bp`,
+    `engine_weight` and `priority` cannot be None: they always have a value.
     """
     unknown = set(fields) - _PLAN_FIELDS
     if unknown:
@@ -526,6 +529,7 @@ def plan_limits(plan: Plan) -> PlanLimits:
         engine_weight=plan.engine_weight,
         priority=plan.priority,
         embedding_max_request_tokens=plan.embedding_max_request_tokens,
+        batch_price_percent=plan.batch_price_percent,
     )
 
 

@@ -227,6 +227,7 @@ async def _plans_create(session: AsyncSession, args: argparse.Namespace, _: Sett
         engine_weight=args.engine_weight,
         priority=args.priority,
         embedding_max_request_tokens=args.embedding_max_request_tokens,
+        batch_price_percent=args.batch_price_percent,
     )
     return plan_json(plan)
 
@@ -357,6 +358,9 @@ def register(subparsers: Any) -> None:
                         help="seconds a cached answer lives (default: the gateway's)")
     create.add_argument("--cache-hit-price-percent", type=_percent, default=0,
                         help="share of the normal price charged for a cached answer, 0-100")
+    create.add_argument("--batch-price-percent", type=_percent, default=50,
+                        help="share of the normal price charged for a line of a batch (the "
+                             "Batch API), 0-100 (default 50)")
     create.add_argument("--engine-weight", type=_engine_weight, default=1.0,
                         help="share of engine tokens relative to other tenants' weights, "
                              "in (0, 100] (default 1)")

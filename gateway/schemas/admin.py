@@ -71,6 +71,7 @@ class PlanCreate(_In):
     priority: Priority = 0
     # the most input tokens one embeddings request may embed; lowers a deployment's bound
     embedding_max_request_tokens: Limit = None
+    batch_price_percent: Percent = 50  # share of the normal price charged for a batch line
 
 
 class PlanUpdate(_In):
@@ -90,6 +91,7 @@ class PlanUpdate(_In):
     engine_weight: EngineWeight | None = None
     priority: Priority | None = None
     embedding_max_request_tokens: Limit = None  # an explicit null: the deployments' bounds
+    batch_price_percent: Percent | None = None
 
 
 class PlanOut(_Out):
@@ -111,6 +113,7 @@ class PlanOut(_Out):
     engine_weight: float
     priority: int
     embedding_max_request_tokens: int | None = None
+    batch_price_percent: int = 50
 
 
 class TenantCreate(_In):

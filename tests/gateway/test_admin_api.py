@@ -225,6 +225,9 @@ async def test_plan_cache_settings_create_patch_and_clear(admin):
     ({"priority": None}, "priority"),
     ({"embedding_max_request_tokens": 0}, "embedding_max_request_tokens"),
     ({"embedding_max_request_tokens": 2**31}, "embedding_max_request_tokens"),
+    ({"batch_price_percent": 101}, "batch_price_percent"),
+    ({"batch_price_percent": -1}, "batch_price_percent"),
+    ({"batch_price_percent": None}, "batch_price_percent"),
 ])
 async def test_bad_plan_settings_are_400(admin, body, param):
     c = admin.client
@@ -344,6 +347,20 @@ async def test_plan_embedding_bound_create_patch_clear_and_reach_the_key_context
     ok(await c.patch(f"/admin/plans/{tenant.plan_id}",
                      json={"embedding_max_request_tokens": 1000}))
     assert (await keys.tenant(auth)).plan.embedding_max_request_tokens == 1000
+
+
+async def test_plan_batch_price_defaults_to_half_and_reaches_the_key_context(admin):
+    c, tenant = admin.client, admin.tenant
+    plan = ok(await c.post("/admin/plans", json={"name": "batchy"}), 201)
+    assert plan["batch_price_percent"] == 50  # OpenAI's batch discount
+    patched = ok(await c.patch(f"/admin/plans/{plan['id']}", json={"batch_price_percent": 80}))
+    assert patched == {**plan, "batch_price_percent": 80}
+
+    keys = c._transport.app.state.gateway.keys  # type: ignore[attr-defined]
+    auth = f"Bearer {tenant.key}"
+    assert (await keys.tenant(auth)).plan.batch_price_percent == 50
+    ok(await c.patch(f"/admin/plans/{tenant.plan_id}", json={"batch_price_percent": 0}))
+    assert (await keys.tenant(auth)).plan.batch_price_percent == 0
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])

@@ -15,14 +15,16 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from billing import models as _billing_models  # noqa: F401 - its tables in Base
+from tenancy import batches as _batches  # noqa: F401 - its tables in Base
 from tenancy import stored_responses as _stored_responses  # noqa: F401 - its table in Base
 from tenancy.db import make_engine
 from tenancy.migrate import MIGRATIONS_DIR, alembic_config, downgrade, upgrade
 from tenancy.models import Base
 
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
-          "adapters", "price_versions", "usage_daily", "invoices", "responses"}
-HEAD = "0007"
+          "adapters", "price_versions", "usage_daily", "invoices", "responses", "files",
+          "batches"}
+HEAD = "0008"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -91,7 +93,7 @@ async def test_adapters_migration_steps_alone(blank_db_url: str) -> None:
     """0002 alone: up from 0001, down to 0001 (dropping only adapters), up again."""
     await asyncio.to_thread(upgrade, blank_db_url, "0001")
     billing = {"price_versions", "usage_daily", "invoices"}
-    later = {"adapters", "responses"}  # made by migrations after 0001
+    later = {"adapters", "responses", "files", "batches"}  # made by migrations after 0001
     assert await _inspect(blank_db_url, _tables) == (TABLES - later - billing) | {
         "alembic_version"}
     await asyncio.to_thread(upgrade, blank_db_url)
@@ -349,5 +351,31 @@ async def test_responses_migration_steps_alone(blank_db_url: str) -> None:
     await _inspect(blank_db_url, _keep_response)
     await _inspect(blank_db_url, _drop_tenant)
     assert await _inspect(blank_db_url, _response_ids) == []
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+# --- 0008: files and batches, and the plan's batch price ----------------------------------
+
+
+def _batch_price_rows(conn: Connection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(text(
+        "SELECT name, batch_price_percent FROM plans ORDER BY name"))]
+
+
+async def test_batches_migration_keeps_existing_plans(blank_db_url: str) -> None:
+    """0008 alone, on data: old plans get the default batch price (50%); downgrade drops the
+    files and batches tables and the column, and keeps the plans."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0007")
+    await _inspect(blank_db_url, _seed_plan)
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _batch_price_rows) == [("pro", 50)]
+    assert {"files", "batches"} <= await _inspect(blank_db_url, _tables)
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0007")
+    assert "batch_price_percent" not in await _inspect(blank_db_url, _plan_columns)
+    assert not {"files", "batches"} & await _inspect(blank_db_url, _tables)
+    assert await _inspect(blank_db_url, _names) == (["pro"], [], [])
+
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _diff) == []

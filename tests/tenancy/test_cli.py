@@ -72,7 +72,9 @@ def test_commands_end_to_end(cli: Cli, db_path: Path, tmp_path: Path) -> None:
     assert (plan["cache_mode"], plan["semantic_threshold"], plan["cache_ttl_s"],
             plan["cache_hit_price_percent"]) == ("auto", None, None, 0)
     assert (plan["engine_weight"], plan["priority"]) == (1.0, 0)
-    free = cli.ok("plans", "create", "--name", "free")
+    assert plan["batch_price_percent"] == 50
+    free = cli.ok("plans", "create", "--name", "free", "--batch-price-percent", "30")
+    assert free["batch_price_percent"] == 30
     assert free["rpm"] is None and free["allowed_models"] is None
     cached = cli.ok(
         "plans", "create", "--name", "cached", "--cache-mode", "semantic",
