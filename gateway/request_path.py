@@ -105,7 +105,8 @@ async def serve(request: Request, surface: Surface) -> Response:
 class Origin:
     """Where a canonical request came from: its HTTP headers (tier, cache control), the
     client's channel (to notice it leave), the request's state (its id, upstream time), span
-    and clock. A batch line has no client (`receive` None) and runs at `priority`."""
+    and clock. A batch line has no client (`receive` None), runs at `priority` and pays
+    `price_percent` of the normal price."""
 
     headers: Mapping[str, str]
     receive: Receive | None
@@ -113,6 +114,7 @@ class Origin:
     span: Span = INVALID_SPAN
     clock: Clock = field(default_factory=Clock)
     priority: int | None = None  # overrides the body's (batch work runs last)
+    price_percent: int = 100  # share of the normal price charged (a batch line's discount)
 
 
 async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface: Surface,
@@ -170,7 +172,7 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
             model=order[0].config.model_name, adapter=plan.adapter is not None)
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
-                    span=span, dispatches=dispatches)
+                    span=span, dispatches=dispatches, price_percent=origin.price_percent)
     try:
         with tracing.span("cache") as cache_span:
             use = gw.cache.use(origin.headers, key, body, chat=chat, model_key=plan.model_key)
