@@ -95,66 +95,15 @@ async def _bootstrap_admin_key(settings: Settings) -> str | None:
 
 
 def _worker_arguments(worker: argparse.ArgumentParser) -> None:
-    worker.add_argument("--model", default=None, help="HF folder or .gguf (default: SmolLM2)")
+    """The worker's own flags, then one per engine argument (`workers.config`, declared once,
+    with the serving defaults the gateway's embedded engine has too)."""
+    from workers.config import SERVING_DEFAULTS, add_engine_arguments
+
     worker.add_argument("--served-model-name", default="smollm2-135m-instruct")
     worker.add_argument("--host", default="127.0.0.1")
     worker.add_argument("--port", type=int, default=8001)
-    worker.add_argument("--device", default=None)
-    worker.add_argument("--dtype", default=None)
-    worker.add_argument("--kv-cache-memory", type=int, default=None, help="bytes")
-    worker.add_argument("--max-num-seqs", type=int, default=128)
-    worker.add_argument("--max-num-batched-tokens", type=int, default=1024)
     worker.add_argument("--tool-call-parser", choices=("hermes", "llama3_json"),
                         default="hermes", help="how tool calls are read out of the model's text")
-    worker.add_argument("--long-prefill-token-threshold", type=int, default=512,
-                        help="the most prompt tokens one request may prefill per step "
-                             "(0: no cap)")
-    worker.add_argument("--shared-step-s", type=float, default=0.25,
-                        help="while several tenants have work, the longest a step's prompt "
-                             "chunks may take (0: no limit)")
-    worker.add_argument("--interject-tokens", type=int, default=None,
-                        help="another tenant's request of at most this many prompt tokens "
-                             "runs between two layers of the step in flight (0: never; "
-                             "default 256 on CPU, 0 on CUDA)")
-    worker.add_argument("--prefix-hot-window-s", type=float, default=30.0,
-                        help="a cached block let go of within this many seconds counts toward "
-                             "the KV working set reported for prefix-aware routing")
-    worker.add_argument("--scheduling-policy", choices=("fair", "fcfs"), default="fair",
-                        help="fair: the least-served tenant's requests first, by plan weight; "
-                             "fcfs: priority, then arrival")
-    worker.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=True)
-    worker.add_argument("--max-loras", type=int, default=4)
-    worker.add_argument("--max-lora-rank", type=int, default=16)
-    worker.add_argument("--max-cpu-loras", type=int, default=None)
-    worker.add_argument("--attention-backend", choices=("auto", "torch", "triton", "cpu"),
-                        default="auto",
-                        help="decode attention (auto: Triton on CUDA, the C kernel on CPU)")
-    worker.add_argument("--prefill-attention", choices=("auto", "amx", "vec", "flash", "masked"),
-                        default="auto", help="prompt chunks (auto: the AMX kernel for "
-                                             "bfloat16 where the CPU has AMX, else the AVX-512 "
-                                             "one where it runs, else flash on CPU)")
-    worker.add_argument("--linear-backend", default="auto",
-                        choices=("auto", "torch", "onednn", "onednn_packed", "amx", "avx512_bf16"),
-                        help="projection GEMMs (auto: oneDNN on CPU, with AMX tiles for "
-                             "few-row bfloat16 matmuls where the CPU has them, or AVX-512 BF16 "
-                             "dot products on AMD CPUs with them)")
-    worker.add_argument("--elementwise", choices=("auto", "torch", "cpu"), default="auto",
-                        help="residual add + RMSNorm, SiLU-and-multiply and RoPE (auto: the "
-                             "C kernels for float32 on CPU)")
-    worker.add_argument("--quantization", choices=("none", "int8"), default="none",
-                        help="weights: int8 keeps projections, embedding and LM head as int8 "
-                             "with per-channel scales")
-    worker.add_argument("--int8-compute", choices=("auto", "model", "bfloat16"),
-                        default="auto", help="the dtype int8 weights multiply in (auto: "
-                        "bfloat16 on a CPU with bfloat16 dot products, for a float32 model)")
-    worker.add_argument("--kv-huge-pages", action=argparse.BooleanOptionalAction, default=True,
-                        help="map the CPU KV pool in 2 MB pages where Linux offers them")
-    worker.add_argument("--kv-cache-dtype", choices=("auto", "int8"), default="auto",
-                        help="KV cache: auto (the model dtype) or int8 with a scale per token "
-                             "and head")
-    worker.add_argument("--speculative", type=_speculative_json, default=None,
-                        metavar="JSON", help='speculative decoding, e.g. \'{"method": "ngram", '
-                        '"num_tokens": 4}\' (docs/engine.md, "Speculative decoding")')
     worker.add_argument("--worker-id", default=None, help="default: host:port")
     worker.add_argument("--register-redis", default=None, metavar="URL",
                         help="announce this worker in Redis with heartbeats (gateway discovery)")
@@ -164,20 +113,7 @@ def _worker_arguments(worker: argparse.ArgumentParser) -> None:
     worker.add_argument("--ssl-keyfile", default=None)
     worker.add_argument("--ssl-ca-certs", default=None,
                         help="require client certificates signed by this CA (mutual TLS)")
-
-
-def _speculative_json(text: str) -> dict:
-    """The --speculative value: a JSON object, checked as the engine will read it."""
-    import json
-
-    from workers.engine.speculative import SpeculativeConfig
-
-    try:
-        value = json.loads(text)
-        SpeculativeConfig.parse(value)
-    except (ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(f"--speculative: {exc}") from exc
-    return value
+    add_engine_arguments(worker, defaults=SERVING_DEFAULTS)
 
 
 def _refuse_model(model: str | None, setting: str) -> int:
@@ -202,25 +138,19 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     if refused := _refuse_model(args.model, "--model"):
         return refused
 
+    from pydantic import ValidationError
+
     from workers.async_engine import AsyncLLMEngine
+    from workers.config import engine_args_from
     from workers.server import WorkerOptions, create_app
     from workers.telemetry import make_tracer_provider
 
-    engine = AsyncLLMEngine(
-        args.model, device=args.device, dtype=args.dtype, kv_cache_memory=args.kv_cache_memory,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        shared_step_s=args.shared_step_s, interject_tokens=args.interject_tokens,
-        prefix_hot_window_s=args.prefix_hot_window_s,
-        scheduling_policy=args.scheduling_policy, enable_lora=args.enable_lora,
-        max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
-        max_cpu_loras=args.max_cpu_loras, attention_backend=args.attention_backend,
-        prefill_attention=args.prefill_attention, linear_backend=args.linear_backend,
-        elementwise=args.elementwise,
-        quantization=args.quantization, int8_compute=args.int8_compute,
-        kv_cache_dtype=args.kv_cache_dtype, kv_huge_pages=args.kv_huge_pages,
-        speculative=args.speculative,
-    )
+    try:
+        engine_args = engine_args_from(args)
+    except ValidationError as exc:
+        print(f"switchboard worker: {exc}", file=sys.stderr)
+        return 2
+    engine = AsyncLLMEngine(**engine_args.engine_kwargs())
     scheme = "https" if args.ssl_certfile else "http"
     advertise = args.advertise_url or f"{scheme}://{args.host}:{args.port}"
     options = WorkerOptions(
