@@ -2,7 +2,8 @@
 
 Each renders the deployment's events (or the stored answer's) with the one renderer
 (`workers.protocol.render`), settles the ticket before the last byte leaves, and keeps a whole
-answer in the cache in the background.
+answer in the cache in the background. A surface that keeps its answers (Responses' `store`)
+has them kept before the last byte too, so a client that saw one complete finds it.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts`
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, str],
-          surface: Surface) -> Response:
+async def whole(ticket: Ticket, fold: Fold, use: CacheUse | None, headers: dict[str, str],
+                surface: Surface) -> Response:
     response = fold.response()
     ticket.close("ok")
     keep(ticket, use, response)
     if ticket.gw.settings.log_prompts:
         log_completion(response)
-    body = response if surface.whole is None else surface.whole(fold)
+    body = response if surface.whole is None else surface.whole(ticket.call.request, fold)
+    if surface.keep is not None:
+        await surface.keep(ticket, fold)
     return Response(_json(body), media_type="application/json", headers=headers)
 
 
@@ -52,7 +55,8 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
     chat = isinstance(request, ChatCompletionRequest)
     renderer = surface.stream(request, ticket.call.prompt_tokens)
     log_prompts = ticket.gw.settings.log_prompts
-    fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts else None
+    fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts \
+        or surface.keep is not None else None
     broken = False
     events = answer.rest
     try:
@@ -73,6 +77,8 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
         status = "ok" if ticket.call.usage.finished and not broken else "error"
         ticket.close(status)
         if not broken:
+            if surface.keep is not None and fold is not None and status == "ok":
+                await surface.keep(ticket, fold)  # kept before the last byte, as the usage
             yield renderer.done()
     finally:
         try:
@@ -86,8 +92,8 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
         keep(ticket, use, response)
 
 
-def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, str],
-               surface: Surface, *, stream: bool) -> Response:
+async def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, str],
+                     surface: Surface, *, stream: bool) -> Response:
     """A stored answer under this request's id, billed as wholly cached."""
     request = ticket.call.request
     body = fresh(hit, response_id=response_id, model=request.model)
@@ -104,24 +110,32 @@ def from_cache(ticket: Ticket, hit: Hit, response_id: str, headers: dict[str, st
     if hit.similarity is not None:
         headers["x-cache-similarity"] = f"{hit.similarity:.4f}"
     events = events_of_response(body, chat=surface.chat)
-    if stream:
-        chunks = replay(events, surface.stream(request, metered.prompt_tokens))
-        return StreamingResponse(_replayed(ticket, chunks), media_type="text/event-stream",
-                                 headers={**SSE_HEADERS, **headers})
-    ticket.close("ok")
-    if surface.whole is not None:
+    fold = None
+    if surface.whole is not None or surface.keep is not None:
         fold = Fold(chat=surface.chat)
         for event in events:
             fold.add(event)
-        body = surface.whole(fold)
+    if stream:
+        chunks = replay(events, surface.stream(request, metered.prompt_tokens))
+        return StreamingResponse(_replayed(ticket, chunks, surface, fold),
+                                 media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, **headers})
+    ticket.close("ok")
+    if surface.whole is not None and fold is not None:
+        body = surface.whole(request, fold)
+    if surface.keep is not None and fold is not None:
+        await surface.keep(ticket, fold)
     return Response(_json(body), media_type="application/json", headers=headers)
 
 
-async def _replayed(ticket: Ticket, chunks: list[bytes]) -> AsyncIterator[bytes]:
+async def _replayed(ticket: Ticket, chunks: list[bytes], surface: Surface,
+                    fold: Fold | None) -> AsyncIterator[bytes]:
     try:
         for chunk in chunks:
             if chunk is chunks[-1]:
                 ticket.close("ok")  # recorded before the last event goes out
+                if surface.keep is not None and fold is not None:
+                    await surface.keep(ticket, fold)
             yield chunk
     finally:
         ticket.close("aborted")

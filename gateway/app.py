@@ -23,6 +23,7 @@ from gateway.routes import (
     messages,
     metrics,
     openai,
+    responses,
     tenant,
     usage,
 )
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(openai.router)
     app.include_router(embeddings.router)
     app.include_router(messages.router)
+    app.include_router(responses.router)
     app.include_router(usage.router)  # before tenant's: its /v1/usage supersedes that one
     app.include_router(tenant.router)
     app.include_router(adapters.router)

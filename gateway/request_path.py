@@ -84,8 +84,8 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
 
 
 async def serve(request: Request, surface: Surface) -> Response:
-    """One HTTP request on `surface` (chat, completions, Anthropic messages), start to end:
-    who is asking and what, then `answer`."""
+    """One HTTP request on `surface` (chat, completions, Anthropic messages, OpenAI
+    responses), start to end: who is asking and what, then `answer`."""
     clock = Clock()
     gw: GatewayState = request.app.state.gateway
     span = current_span()  # the request's span (GatewayMiddleware)
@@ -95,7 +95,7 @@ async def serve(request: Request, surface: Surface) -> Response:
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
-        body = parse_body(raw, surface=surface)
+        body = await read_body(gw, key, raw, surface)
     origin = Origin(headers=request.headers, receive=request.receive,
                     state=request.scope["state"], span=span, clock=clock)
     return await answer(gw, key, body, surface, origin)
@@ -181,8 +181,8 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
         if use is not None and use.lookup:
             gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
         if hit is not None:
-            return answers.from_cache(ticket, hit, engine_id, headers, surface,
-                                      stream=body.stream)
+            return await answers.from_cache(ticket, hit, engine_id, headers, surface,
+                                            stream=body.stream)
         headers["x-cache"] = "miss"
         clock.dispatched()
         work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
@@ -199,7 +199,7 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
         headers["x-switchboard-deployment"] = served.deployment.name
         headers["x-switchboard-attempts"] = str(served.attempts)
         if isinstance(served.result, Fold):
-            return answers.whole(ticket, served.result, use, headers, surface)
+            return await answers.whole(ticket, served.result, use, headers, surface)
         return answers.streamed(ticket, served.result, use, headers, surface)
     except AllAttemptsFailed as exc:
         ticket.close("error")
@@ -257,6 +257,15 @@ def asked_tier(headers: Mapping[str, str]) -> str | None:
 def parse_body(raw: bytes, *, surface: Surface) -> OpenAIRequest:
     """The surface's body as the canonical request, or a 400 naming the field at fault."""
     return surface.parse(raw)
+
+
+async def read_body(gw: GatewayState, key: KeyContext, raw: bytes, surface: Surface
+                    ) -> OpenAIRequest:
+    """`parse_body`, or for a surface whose body refers to what the gateway keeps for the
+    tenant (Responses' previous_response_id) its own reader, scoped to the key's tenant."""
+    if surface.read is None:
+        return parse_body(raw, surface=surface)
+    return await surface.read(gw, key, raw)
 
 
 def credentials(request: Request, surface: Surface) -> str | None:

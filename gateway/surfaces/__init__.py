@@ -8,25 +8,35 @@ routing, admission, the cache, dispatch, settlement) is `gateway.request_path`, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway.surfaces import anthropic
+from gateway.surfaces import anthropic, responses
 from workers.protocol.render import Fold, Renderer, StreamRenderer
 from workers.protocol.requests import OpenAIRequest, RequestError, parse_request
+
+if TYPE_CHECKING:
+    from gateway.state import GatewayState
+    from gateway.ticket import Ticket
+    from tenancy.context import KeyContext
 
 
 @dataclass(frozen=True)
 class Surface:
-    name: str  # "chat", "completions", "messages"
+    name: str  # "chat", "completions", "messages", "responses"
     chat: bool  # the canonical request is a chat completion
     id_prefix: str
     parse: Callable[[bytes], OpenAIRequest]  # raises APIError (400) in the surface's words
-    # a folded answer as the surface's body; None: OpenAI's own (`Fold.response`)
-    whole: Callable[[Fold], dict[str, Any]] | None
+    # (request, folded answer) as the surface's body; None: OpenAI's own (`Fold.response`)
+    whole: Callable[[OpenAIRequest, Fold], dict[str, Any]] | None
     stream: Callable[[OpenAIRequest, int], Renderer]  # (request, prompt tokens) -> renderer
     api_key_header: str | None = None  # a header that may carry the key beside Authorization
+    # A body that refers to what the gateway keeps for the tenant (Responses'
+    # previous_response_id) is read with the key instead of `parse` (`request_path.read_body`).
+    read: Callable[[GatewayState, KeyContext, bytes], Awaitable[OpenAIRequest]] | None = None
+    # A finished answer the surface keeps (Responses' `store`), awaited before its last byte.
+    keep: Callable[[Ticket, Fold], Awaitable[None]] | None = None
 
 
 def _openai_parse(chat: bool) -> Callable[[bytes], OpenAIRequest]:
@@ -40,7 +50,7 @@ def _openai_parse(chat: bool) -> Callable[[bytes], OpenAIRequest]:
     return parse
 
 
-def _anthropic_whole(fold: Fold) -> dict[str, Any]:
+def _anthropic_whole(_request: OpenAIRequest, fold: Fold) -> dict[str, Any]:
     return anthropic.whole(fold.response(), stop_sequence=fold.stop_sequence())
 
 
@@ -53,3 +63,5 @@ MESSAGES = Surface("messages", True, "msg", anthropic.parse, _anthropic_whole,
                    lambda request, prompt_tokens: anthropic.StreamRenderer(
                        prompt_tokens=prompt_tokens, model=request.model),
                    api_key_header="x-api-key")
+RESPONSES = Surface("responses", True, "resp", responses.parse, responses.whole,
+                    responses.StreamRenderer, read=responses.read, keep=responses.keep)

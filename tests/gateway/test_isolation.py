@@ -50,6 +50,10 @@ TENANT_ROUTES = {
     ("DELETE", "/v1/adapters/{name}"), ("POST", "/v1/embeddings"),
     # Anthropic's surface of the chat path (tests/gateway/surfaces/test_anthropic.py)
     ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+    # OpenAI's Responses surface and the tenant's stored responses
+    # (tests/gateway/surfaces/test_responses.py)
+    ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
+    ("DELETE", "/v1/responses/{response_id}"), ("GET", "/v1/responses/{response_id}/input_items"),
 }
 PUBLIC_ROUTES = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/health/ready")}
 
@@ -341,6 +345,44 @@ async def test_usage_shows_only_own_numbers(world):
 ])
 async def test_tenant_endpoints_refuse_malformed_input(world, method, url):
     assert_error(await world.a.callers["initech-main"].request(method, url), 400)
+
+
+# --- stored responses ---------------------------------------------------------------------
+
+
+async def test_another_tenants_stored_response_does_not_exist(world):
+    """B can neither read, list, delete nor continue A's response: each is the 404 of an id
+    that does not exist. A's own works throughout."""
+    a, b = world.a.callers["initech-main"], world.b.callers["umbrella-main"]
+    ask = {"model": MOCK, "max_output_tokens": 4}
+    created = ok(await a.request("POST", "/v1/responses", json={**ask, "input": "hi"}))
+    rid = created["id"]
+    assert created["object"] == "response" and created["output"][0]["type"] == "message"
+    assert ok(await a.request("GET", f"/v1/responses/{rid}")) == created
+
+    def attempts(response_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+        return [("GET", f"/v1/responses/{response_id}", {}),
+                ("GET", f"/v1/responses/{response_id}/input_items", {}),
+                ("DELETE", f"/v1/responses/{response_id}", {}),
+                ("POST", "/v1/responses", {"json": {
+                    **ask, "input": "more", "previous_response_id": response_id}})]
+
+    nope = "resp_" + "0" * 32
+    for (method, url, kwargs), (_, unknown, unknown_kwargs) in zip(
+            attempts(rid), attempts(nope), strict=True):
+        foreign = assert_error(await b.request(method, url, **kwargs), 404)
+        missing = assert_error(await b.request(method, unknown, **unknown_kwargs), 404)
+        assert foreign["message"] == missing["message"].replace(nope, rid)
+    for odd in ("a%00b", "x" * 300):  # never a query PostgreSQL refuses
+        assert_error(await b.request("GET", f"/v1/responses/{odd}"), 404)
+
+    follow = ok(await a.request("POST", "/v1/responses", json={
+        **ask, "input": "more", "previous_response_id": rid}))
+    assert follow["previous_response_id"] == rid
+    items = ok(await a.request("GET", f"/v1/responses/{follow['id']}/input_items"))
+    assert [i["content"][0]["text"] for i in items["data"]] == ["more"]
+    assert ok(await a.request("DELETE", f"/v1/responses/{rid}"))["deleted"] is True
+    assert_error(await a.request("GET", f"/v1/responses/{rid}"), 404)
 
 
 # --- admin API ----------------------------------------------------------------------------
