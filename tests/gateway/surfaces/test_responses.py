@@ -369,6 +369,12 @@ async def test_the_official_client_streams_the_same_answer(served):
         # kept before the last byte: there at once
         stored = await sdk.responses.retrieve(final.id)
         assert stored.output_text == final.output_text
+        # a deterministic ask again is a cache hit: a response of its own, kept too
+        raw = await sdk.responses.with_raw_response.create(**ask)
+        hit = raw.parse()
+        assert raw.headers["x-cache"] == "hit" and hit.id not in (whole.id, final.id)
+        assert hit.output_text == whole.output_text and hit.status == "completed"
+        assert (await sdk.responses.retrieve(hit.id)).output_text == whole.output_text
 
         raw = await sdk.responses.create(model="tiny", input="Count", max_output_tokens=4,
                                          temperature=0, stream=True)
