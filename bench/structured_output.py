@@ -211,18 +211,18 @@ def mask_costs(tokenizer: Any, vocab: int, eos: list[int],
 
 class MaskTimer:
     """Times the engine's structured-output work in place: token_mask.fill (matchers fill the
-    bitmask), token_mask.apply (masks on the logits) and LLMEngine._advance_grammar (matchers
-    take each kept token)."""
+    bitmask), token_mask.apply (masks on the logits) and StopChecker.advance_grammar
+    (matchers take each kept token)."""
 
     def __init__(self) -> None:
-        from workers.llm_engine import LLMEngine
+        from workers.engine.stop_checker import StopChecker
         from workers.runner import token_mask
 
-        self.module, self.engine_cls = token_mask, LLMEngine
+        self.module, self.engine_cls = token_mask, StopChecker
         self.fill_s = self.apply_s = self.accept_s = 0.0
         self.rows = self.steps = self.accepted = 0
         self._fill, self._apply = token_mask.fill, token_mask.apply
-        self._advance = LLMEngine._advance_grammar
+        self._advance = StopChecker.advance_grammar
 
     def __enter__(self) -> MaskTimer:
         def fill(matchers: list[Any], *args: Any, **kwargs: Any) -> Any:
@@ -238,20 +238,20 @@ class MaskTimer:
             self._apply(*args, **kwargs)
             self.apply_s += time.perf_counter() - start
 
-        def advance(engine: Any, seq: Any, token: int) -> bool:
+        def advance(checker: Any, seq: Any, token: int) -> tuple[bool, bool]:
             start = time.perf_counter()
-            done = self._advance(engine, seq, token)
+            done = self._advance(checker, seq, token)
             self.accept_s += time.perf_counter() - start
             self.accepted += 1
             return done
 
         self.module.fill, self.module.apply = fill, apply
-        self.engine_cls._advance_grammar = advance  # type: ignore[method-assign]
+        self.engine_cls.advance_grammar = advance  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.module.fill, self.module.apply = self._fill, self._apply
-        self.engine_cls._advance_grammar = self._advance  # type: ignore[method-assign]
+        self.engine_cls.advance_grammar = self._advance  # type: ignore[method-assign]
 
     def summary(self, wall: float) -> dict[str, Any]:
         total = self.fill_s + self.apply_s + self.accept_s

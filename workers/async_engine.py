@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 
 from workers.engine.outputs import RequestOutput
 from workers.engine.prefix_hash import PrefixSummary
+from workers.engine.request import PreparedRequest
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
-from workers.llm_engine import LLMEngine, PreparedRequest
+from workers.llm_engine import LLMEngine
 from workers.lora.manager import AdapterBusyError, AdapterStatus
 
 logger = logging.getLogger(__name__)

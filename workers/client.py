@@ -18,11 +18,12 @@ from typing import Any
 
 from workers.async_engine import AsyncLLMEngine
 from workers.engine.detokenizer import IncrementalDetokenizer
+from workers.engine.output_processor import text_stream, with_text
 from workers.engine.outputs import RequestOutput, TokenLogprob
+from workers.engine.request import PreparedRequest
 from workers.engine.sampling_params import InvalidRequestError, SamplingParams
 from workers.engine.sequence import FinishReason, RequestMetrics
 from workers.engine.structured import StructuredOutputs
-from workers.llm_engine import PreparedRequest
 from workers.openai_protocol import sampling_params
 from workers.protocol.events import (
     Event,
@@ -130,7 +131,7 @@ class EmbeddedClient:
         not passed off as finished. Leaving early (closing this) aborts the engine request."""
         outputs = self.engine.generate(call.request, request_id=request_id,
                                        priority=call.priority)
-        processor = OutputProcessor(call, self, request_id)
+        processor = OutputEvents(call, self, request_id)
         try:
             async for out in outputs:
                 for event in processor.process(out):
@@ -178,15 +179,15 @@ class EmbeddedClient:
 class _ChoiceState:
     tools: ChoiceProcessor
     text: IncrementalDetokenizer
-    sent: int = 0  # characters of the text already handed on
     done: bool = False
 
 
-class OutputProcessor:
-    """Engine outputs (token deltas) -> events, outside the engine step (vLLM v1's
-    OutputProcessor): detokenizing and stop strings, tool-call parsing and logprobs per
-    choice, usage counted as tokens arrive. A choice that meets a stop string ends here; its
-    sample is stopped in the engine (or the whole request is, once every choice has ended)."""
+class OutputEvents:
+    """Engine outputs (token deltas) -> events, outside the engine step: each choice's text,
+    stop strings and kept logprobs from the engine's output processor (`with_text`), then
+    tool-call parsing and OpenAI's logprob shape; usage counted as tokens arrive. A choice
+    that meets a stop string ends here; its sample is stopped in the engine (or the whole
+    request is, once every choice has ended)."""
 
     def __init__(self, call: PreparedCall, client: EmbeddedClient, request_id: str) -> None:
         self.call = call
@@ -215,14 +216,8 @@ class OutputProcessor:
             state = self._state(c.index)
             if state.done:
                 continue  # stopped here; the engine may not have heard yet
-            kept = 0
-            stopped = False
-            for token in c.token_ids:
-                kept += 1
-                if state.text.append(token):
-                    stopped = True
-                    break
-            usage.completion_tokens += kept
+            shown, stopped = with_text(state.text, c)
+            usage.completion_tokens += len(shown.token_ids)
             if c.finish_reason == FinishReason.ERROR and not stopped:
                 state.done = True
                 events.append(Failed(500, f"request {self.request_id}: choice {c.index} broke "
@@ -230,24 +225,18 @@ class OutputProcessor:
                                      "(a server-side structured-output error); retry, or "
                                      "simplify the schema", GRAMMAR_ERROR))
                 return events
-            reason = "stop" if stopped else c.finish_reason
-            if reason is not None and not stopped:
-                state.text.flush()
-            text = state.text.text[state.sent:]
-            state.sent = len(state.text.text)
-            deltas: list[Event] = list(state.tools.feed(text))
+            deltas: list[Event] = list(state.tools.feed(shown.text))
             if c.logprobs:
-                logprobs = self.client.logprobs(c.logprobs[:kept], call.chat)
+                logprobs = self.client.logprobs(shown.logprobs or [], call.chat)
                 if deltas and isinstance(deltas[0], TextDelta):
                     deltas[0] = TextDelta(c.index, deltas[0].text, logprobs)
                 else:
                     deltas.insert(0, TextDelta(c.index, "", logprobs))
             events += deltas
-            if reason is not None:
+            if shown.finish_reason is not None:
                 state.done = True
-                last, reason = state.tools.finish(reason)
-                matched = c.stop_reason if isinstance(c.stop_reason, str) \
-                    else state.text.stop_reason
+                last, reason = state.tools.finish(shown.finish_reason)
+                matched = shown.stop_reason if isinstance(shown.stop_reason, str) else None
                 events += [*last, Finished(c.index, reason,
                                            matched if reason == "stop" else None)]
                 if stopped and not self.done and c.finish_reason is None:
@@ -258,14 +247,11 @@ class OutputProcessor:
     def _state(self, index: int) -> _ChoiceState:
         state = self._choices.get(index)
         if state is None:
-            params = self.call.request.params
+            request = self.call.request
             state = self._choices[index] = _ChoiceState(
                 ChoiceProcessor(index, self.call.tools, self.client.tool_call_parser),
-                IncrementalDetokenizer(
-                    self.client.engine.tokenizer, self.call.request.prompt_token_ids,
-                    skip_special_tokens=params.skip_special_tokens,
-                    stop=list(params.stop or []),
-                    include_stop_str_in_output=params.include_stop_str_in_output))
+                text_stream(self.client.engine.tokenizer, request.prompt_token_ids,
+                            request.params))
         return state
 
 

@@ -291,7 +291,7 @@ def test_a_grammar_that_breaks_fails_its_sample_loudly(llm, monkeypatch, caplog)
     counted; its neighbours in the batch are unaffected."""
     monkeypatch.setattr(structured_backend, "unsatisfiable", lambda schema: None)
     before = llm.engine.num_grammar_errors
-    with caplog.at_level(logging.ERROR, logger="workers.llm_engine"):
+    with caplog.at_level(logging.ERROR, logger="workers.engine.stop_checker"):
         broken, fine = llm.generate(random_prompts(2, seed=12, hi=20),
                                     [json_params({**SELF, "title": "unseen"}),
                                      json_params(PERSON)])

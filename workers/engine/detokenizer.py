@@ -36,6 +36,7 @@ class IncrementalDetokenizer:
         self._prefix_offset = 0
         self._read_offset = len(self._ids)
         self._decoded = ""
+        self._taken = 0  # characters of `text` already handed on by `take`
         self.text = ""
         self.stop_reason: str | None = None
 
@@ -60,6 +61,12 @@ class IncrementalDetokenizer:
             self._decoded += self._decode(self._ids[self._prefix_offset :])[len(prefix) :]
             self._read_offset = len(self._ids)
         self.text = self._decoded
+
+    def take(self) -> str:
+        """The text released since the last `take`: what a delta output carries."""
+        new = self.text[self._taken :]
+        self._taken = max(self._taken, len(self.text))
+        return new
 
     def _extend(self, delta: str) -> bool:
         start = max(len(self._decoded) - self._longest_stop + 1, 0)

@@ -14,7 +14,7 @@ anything it cannot decide cheaply (patterns, formats, `not`, `if`/`then`/`else`,
 as satisfiable. So a refusal is always right (no finite instance exists), while a schema it
 lets through may still be one the grammar cannot finish: the engine then ends the sample
 with `length` at `max_tokens`, or, where llguidance breaks on it, fails it (`error`, a 500
-`grammar_error`), never with `stop` (see `LLMEngine._advance_grammar`).
+`grammar_error`), never with `stop` (see `StopChecker.advance_grammar`).
 
 Pure Python, no torch: `workers.runner.structured_backend` calls it on a cache miss.
 """

@@ -1,0 +1,35 @@
+"""The engine's load figures: what the worker's /stats, routing and autoscaling read.
+
+Gathered from the parts that own them (the scheduler, the KV pool, speculation, interjections,
+stop checks, adapters) into one flat dict of numbers, the shape /stats serves.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workers.llm_engine import LLMEngine
+
+
+def engine_stats(engine: LLMEngine) -> dict[str, float]:
+    scheduler, blocks = engine.scheduler, engine.block_manager
+    stats = {
+        "num_waiting": len(scheduler.waiting),
+        "num_running": len(scheduler.running),
+        "kv_cache_usage": blocks.usage,
+        "num_preemptions": scheduler.num_preemptions,
+        "prefix_cache_hit_rate": blocks.num_hit_tokens / max(blocks.num_queried_tokens, 1),
+        "prefix_cache_hit_tokens": blocks.num_hit_tokens,
+        "prefix_cache_queried_tokens": blocks.num_queried_tokens,
+        "num_interjections": engine.num_interjections,
+        "num_grammar_errors": engine.num_grammar_errors,
+        "kv_capacity_tokens": blocks.num_blocks * blocks.block_size,
+    }
+    if blocks.enable_caching:
+        hot = blocks.hot_blocks(engine.args.prefix_hot_window_s)
+        stats["kv_hot_tokens"] = hot * blocks.block_size
+    if scheduler.config.speculative is not None:
+        stats.update(engine.spec_stats.figures())
+    stats.update(engine.adapters.figures())
+    return stats
