@@ -3,7 +3,7 @@
 Each renders the deployment's events (or the stored answer's) with the one renderer
 (`workers.protocol.render`), settles the ticket before the last byte leaves, and keeps a whole
 answer in the cache in the background. A surface that keeps its answers (Responses' `store`)
-has them kept before the last byte too, so a client that saw one complete finds it.
+is handed each finished one before its last byte (`Surface.keep`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
         ticket.close(status)
         if not broken:
             if surface.keep is not None and fold is not None and status == "ok":
-                await surface.keep(ticket, fold)  # kept before the last byte, as the usage
+                await surface.keep(ticket, fold)  # before the last byte, as the usage
             yield renderer.done()
     finally:
         try:

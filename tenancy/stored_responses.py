@@ -5,21 +5,58 @@ never does (every lookup is by id *and* tenant).
 A row holds the response as it was answered, its own input items, and the conversation before
 them (the items of the responses it continued, flattened), so a continuation needs one read and
 keeps working after a response earlier in the chain is deleted.
+
+Writes leave the answer's path (`Keeper`): a finished answer is queued and written in the
+background, queued answers sharing one transaction (a group commit), so storing costs the
+client no database round trip. Reads stay exact: on the replica that answered, a read of a
+response still queued waits for its write; on another replica, a miss on an id minted in the
+last `FRESH_S` seconds (the id carries its time) is read again until then, so a client that
+saw a response complete finds it wherever it asks next. A write still queued when the process
+dies is lost (the answer was delivered; only its stored copy is missing).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, ForeignKey, Index, String, delete, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Mapped, mapped_column
 
 from tenancy.db import Base
 from tenancy.models import UTCDateTime, utcnow
 
+logger = logging.getLogger(__name__)
+
 RESPONSE_ID_LENGTH = 64
+FRESH_S = 2.0  # how long another replica looks again for a new response not yet written
+_RETRY_S = 0.05
+_TIME_HEX = 12  # an id's first hex digits: its creation time in ms
+
+
+def new_response_id(now: float | None = None) -> str:
+    """`resp_` + 32 hex: the creation time in ms (12) and 80 random bits (20)."""
+    ms = int((time.time() if now is None else now) * 1000)
+    return f"resp_{ms:0{_TIME_HEX}x}{uuid.uuid4().hex[:20]}"
+
+
+def minted_at(response_id: str) -> float | None:
+    """When an id of ours was made (seconds), or None for any other string."""
+    digits = response_id.removeprefix("resp_")[:_TIME_HEX]
+    if len(digits) != _TIME_HEX or not response_id.startswith("resp_"):
+        return None
+    try:
+        return int(digits, 16) / 1000
+    except ValueError:
+        return None
 
 
 class StoredResponse(Base):
@@ -37,15 +74,6 @@ class StoredResponse(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
-async def save(session: AsyncSession, *, response_id: str, tenant_id: str, status: str,
-               previous_response_id: str | None, body: dict[str, Any],
-               input_items: list[Any], history: list[Any]) -> None:
-    session.add(StoredResponse(id=response_id, tenant_id=tenant_id, status=status,
-                               previous_response_id=previous_response_id, body=body,
-                               input_items=input_items, history=history))
-    await session.commit()
-
-
 async def find(session: AsyncSession, *, response_id: str, tenant_id: str
                ) -> StoredResponse | None:
     """The tenant's response with this id (None: no such response, or another tenant's)."""
@@ -60,3 +88,90 @@ async def remove(session: AsyncSession, *, response_id: str, tenant_id: str) -> 
         StoredResponse.id == response_id, StoredResponse.tenant_id == tenant_id))
     await session.commit()
     return bool(getattr(result, "rowcount", 0))
+
+
+# ---- writes off the answer's path, reads that see them -------------------------------------
+
+@dataclass
+class _Queued:
+    row: StoredResponse
+    written: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Writes:
+    queue: list[_Queued] = field(default_factory=list)
+    pending: dict[str, _Queued] = field(default_factory=dict)  # by response id
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+# One queue per database (its session factory): an app's, however many apps share a process.
+_writes: weakref.WeakKeyDictionary[async_sessionmaker[AsyncSession], _Writes] = (
+    weakref.WeakKeyDictionary())
+
+
+class Keeper:
+    """Stored responses of one database, as the gateway uses them: `keep` queues a write and
+    returns at once; `find` and `remove` see every write this process queued, and for fresh ids
+    wait briefly for other replicas' writes."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession],
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        self._sessionmaker = sessionmaker
+        self._spawn = spawn
+        self._writes = _writes.setdefault(sessionmaker, _Writes())
+
+    def keep(self, *, response_id: str, tenant_id: str, status: str,
+             previous_response_id: str | None, body: dict[str, Any], input_items: list[Any],
+             history: list[Any]) -> None:
+        queued = _Queued(StoredResponse(
+            id=response_id, tenant_id=tenant_id, status=status,
+            previous_response_id=previous_response_id, body=body, input_items=input_items,
+            history=history, created_at=utcnow()))
+        self._writes.pending[response_id] = queued
+        self._writes.queue.append(queued)
+        self._spawn(self._flush())
+
+    async def _flush(self) -> None:
+        """Write what is queued in one transaction (whoever holds the lock writes for the rest;
+        the flushes queued behind it find little or nothing left)."""
+        writes = self._writes
+        async with writes.lock:
+            batch, writes.queue = writes.queue, []
+            if not batch:
+                return
+            try:
+                async with self._sessionmaker() as session:
+                    session.add_all([q.row for q in batch])
+                    await session.commit()
+            except Exception:
+                logger.warning("%d stored responses were not written", len(batch),
+                               exc_info=True)
+            finally:
+                for queued in batch:
+                    writes.pending.pop(queued.row.id, None)
+                    queued.written.set()
+
+    async def _written(self, response_id: str, tenant_id: str) -> None:
+        queued = self._writes.pending.get(response_id)
+        if queued is not None and queued.row.tenant_id == tenant_id:
+            await asyncio.wait_for(queued.written.wait(), timeout=30)
+
+    async def find(self, response_id: str, tenant_id: str) -> StoredResponse | None:
+        """The tenant's response (None: no such response, or another tenant's), once any
+        write of it is done."""
+        await self._written(response_id, tenant_id)
+        minted = minted_at(response_id)
+        deadline = 0.0 if minted is None else min(minted + FRESH_S, time.time() + FRESH_S)
+        while True:
+            async with self._sessionmaker() as session:
+                found = await find(session, response_id=response_id, tenant_id=tenant_id)
+            if found is not None or time.time() >= deadline:
+                return found
+            await asyncio.sleep(_RETRY_S)
+
+    async def remove(self, response_id: str, tenant_id: str) -> bool:
+        if await self.find(response_id, tenant_id) is None:
+            return False
+        async with self._sessionmaker() as session:
+            return await remove(session, response_id=response_id, tenant_id=tenant_id)

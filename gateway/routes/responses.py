@@ -5,17 +5,17 @@ as an unknown one is."""
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from gateway.deps import SessionDep, TenantDep
+from gateway.deps import StateDep, TenantDep
 from gateway.errors import bad_request
 from gateway.request_path import serve
+from gateway.state import GatewayState
 from gateway.surfaces import RESPONSES
-from gateway.surfaces.responses import missing
-from tenancy import stored_responses
+from gateway.surfaces.responses import kept, missing
 from tenancy.stored_responses import RESPONSE_ID_LENGTH, StoredResponse
 
 router = APIRouter(prefix="/v1", tags=["responses"])
@@ -28,16 +28,16 @@ async def create_response(request: Request) -> Response:
     return await serve(request, RESPONSES)
 
 
-async def _stored(session: Any, response_id: str, tenant_id: str) -> StoredResponse:
-    found = None if not RESPONSE_ID.fullmatch(response_id) else await stored_responses.find(
-        session, response_id=response_id, tenant_id=tenant_id)
+async def _stored(gw: GatewayState, response_id: str, tenant_id: str) -> StoredResponse:
+    found = None if not RESPONSE_ID.fullmatch(response_id) else await kept(gw).find(
+        response_id, tenant_id)
     if found is None:
         raise missing(response_id)
     return found
 
 
 @router.get("/responses/{response_id}")
-async def retrieve_response(response_id: str, key: TenantDep, session: SessionDep,
+async def retrieve_response(response_id: str, key: TenantDep, gw: StateDep,
                             stream: bool = False) -> JSONResponse:
     """The stored Response, as it was answered (`include` changes nothing: what it could add
     is never produced here)."""
@@ -45,27 +45,26 @@ async def retrieve_response(response_id: str, key: TenantDep, session: SessionDe
         raise bad_request("Streaming a stored response is not supported: responses here are "
                           "never in the background, so each is complete when stored.",
                           param="stream")
-    return JSONResponse((await _stored(session, response_id, key.tenant_id)).body)
+    return JSONResponse((await _stored(gw, response_id, key.tenant_id)).body)
 
 
 @router.delete("/responses/{response_id}")
-async def delete_response(response_id: str, key: TenantDep,
-                          session: SessionDep) -> JSONResponse:
-    if not RESPONSE_ID.fullmatch(response_id) or not await stored_responses.remove(
-            session, response_id=response_id, tenant_id=key.tenant_id):
+async def delete_response(response_id: str, key: TenantDep, gw: StateDep) -> JSONResponse:
+    if not RESPONSE_ID.fullmatch(response_id) or not await kept(gw).remove(
+            response_id, key.tenant_id):
         raise missing(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 @router.get("/responses/{response_id}/input_items")
 async def list_input_items(
-    response_id: str, key: TenantDep, session: SessionDep,
+    response_id: str, key: TenantDep, gw: StateDep,
     order: Literal["asc", "desc"] = "desc", limit: int = Query(20, ge=1, le=100),
     after: str | None = None,
 ) -> JSONResponse:
     """The response's own input items (not those of the responses it continued), newest
     first unless `order=asc`, a page of `limit` after the item `after`."""
-    items = list((await _stored(session, response_id, key.tenant_id)).input_items)
+    items = list((await _stored(gw, response_id, key.tenant_id)).input_items)
     if order == "desc":
         items.reverse()
     if after is not None:

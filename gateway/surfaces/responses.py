@@ -24,7 +24,6 @@ refuses it by name; no reasoning items or summaries are produced (`reasoning_tok
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -57,7 +56,6 @@ if TYPE_CHECKING:
     from gateway.ticket import Ticket
     from tenancy.context import KeyContext
 
-logger = logging.getLogger(__name__)
 
 PATH = "/v1/responses"
 # What `include` may name: output text logprobs are given; the rest concern items (built-in
@@ -262,9 +260,7 @@ async def read(gw: GatewayState, key: KeyContext, raw: bytes) -> ChatCompletionR
     body = validate(raw)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        async with gw.sessionmaker() as session:
-            previous = await stored_responses.find(
-                session, response_id=body.previous_response_id, tenant_id=key.tenant_id)
+        previous = await kept(gw).find(body.previous_response_id, key.tenant_id)
         if previous is None:
             raise not_found(f"Previous response with id '{body.previous_response_id}' not "
                             "found.", param="previous_response_id")
@@ -275,7 +271,7 @@ async def read(gw: GatewayState, key: KeyContext, raw: bytes) -> ChatCompletionR
 
 def build(body: ResponsesRequest, *, history: list[dict[str, Any]]) -> ResponsesChat:
     """The chat request of a checked body after `history` (the items it continues)."""
-    response_id = f"resp_{uuid.uuid4().hex}"
+    response_id = stored_responses.new_response_id()
     calls = {item["call_id"] for item in history if item.get("type") == "function_call"}
     items = input_items(body.input, calls)
     tools = [_tool(index, tool) for index, tool in enumerate(body.tools or ())]
@@ -656,24 +652,27 @@ def whole(request: OpenAIRequest, fold: Fold) -> dict[str, Any]:
     return from_fold(turn_of(request), fold)
 
 
+def kept(gw: GatewayState) -> stored_responses.Keeper:
+    """The gateway's stored responses (writes queued off the answer's path, reads that see
+    them: `tenancy.stored_responses.Keeper`)."""
+    return stored_responses.Keeper(gw.sessionmaker, gw.spawn)
+
+
 async def keep(ticket: Ticket, fold: Fold) -> None:
-    """Store a finished answer for its tenant (unless `store` is false), before its last byte
-    leaves: a client that saw it complete finds it at once, on any replica. A failed write
-    costs the client nothing but the stored copy (logged)."""
+    """Store a finished answer for its tenant (unless `store` is false): queued before its
+    last byte leaves and written in the background, so a client that saw it complete finds it
+    (`Keeper.find` waits for the write). A failed write costs the client nothing but the
+    stored copy (logged)."""
     turn = turn_of(ticket.call.request)
     if not turn.store:
         return
     body = from_fold(turn, fold)
     if body["status"] not in ("completed", "incomplete"):
         return
-    try:
-        async with ticket.gw.sessionmaker() as session:
-            await stored_responses.save(
-                session, response_id=turn.response_id, tenant_id=ticket.key.tenant_id,
-                status=body["status"], previous_response_id=turn.previous_response_id,
-                body=body, input_items=turn.input_items, history=turn.history)
-    except Exception:
-        logger.warning("response %s was not stored", turn.response_id, exc_info=True)
+    kept(ticket.gw).keep(
+        response_id=turn.response_id, tenant_id=ticket.key.tenant_id, status=body["status"],
+        previous_response_id=turn.previous_response_id, body=body,
+        input_items=turn.input_items, history=turn.history)
 
 
 def sse(kind: str, data: dict[str, Any]) -> bytes:

@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_app
 from tenancy import adapters as adapter_rows
+from tenancy import stored_responses
 from tenancy.db import make_engine, make_sessionmaker
 from tests.gateway.support import (
     admin_key,
@@ -350,9 +351,10 @@ async def test_tenant_endpoints_refuse_malformed_input(world, method, url):
 # --- stored responses ---------------------------------------------------------------------
 
 
-async def test_another_tenants_stored_response_does_not_exist(world):
+async def test_another_tenants_stored_response_does_not_exist(world, monkeypatch):
     """B can neither read, list, delete nor continue A's response: each is the 404 of an id
     that does not exist. A's own works throughout."""
+    monkeypatch.setattr(stored_responses, "FRESH_S", 0.2)  # a fresh id's second look
     a, b = world.a.callers["initech-main"], world.b.callers["umbrella-main"]
     ask = {"model": MOCK, "max_output_tokens": 4}
     created = ok(await a.request("POST", "/v1/responses", json={**ask, "input": "hi"}))

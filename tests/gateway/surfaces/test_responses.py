@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 from gateway.app import create_app
 from gateway.errors import APIError
 from gateway.surfaces import responses as surface
+from tenancy import stored_responses
 from tests.gateway.support import live, seed_tenant, settings
 from workers.async_engine import AsyncLLMEngine
 from workers.protocol.events import Failed, Finished, Opened, TextDelta, ToolCallDelta, Usage
@@ -298,7 +299,9 @@ def test_logprobs_are_given_when_included():
 # ---- live, with the official client ---------------------------------------------------------
 
 @pytest.fixture
-async def served(sqlite_url, tmp_path, tiny_llama_path):
+async def served(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
+    # a missing fresh id is looked for again this long (another replica's write), not 2 s
+    monkeypatch.setattr(stored_responses, "FRESH_S", 0.2)
     tenant = await seed_tenant(sqlite_url, tmp_path, name="codex", plan={"rpm": 1000})
     other = await seed_tenant(sqlite_url, tmp_path, name="other", plan={"rpm": 1000})
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=32 << 20)
@@ -366,7 +369,7 @@ async def test_the_official_client_streams_the_same_answer(served):
         assert "response.output_text.delta" in kinds and kinds[-1] == "response.completed"
         assert final.output_text == whole.output_text and final.status == "completed"
         assert final.usage.output_tokens == whole.usage.output_tokens
-        # kept before the last byte: there at once
+        # queued before the last byte: found at once
         stored = await sdk.responses.retrieve(final.id)
         assert stored.output_text == final.output_text
         # a deterministic ask again is a cache hit: a response of its own, kept too
