@@ -12,13 +12,17 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.auth_throttle import AuthThrottle, FailureThrottle
+from gateway.batches.files import FileStore
+from gateway.batches.worker import BatchWorker
 from gateway.body_guard import BodyRefused
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
 from gateway.routes import (
     adapters,
+    batches,
     embeddings,
+    files,
     health,
     messages,
     metrics,
@@ -49,10 +53,19 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.gateway = await open_state(settings, engine=engine,
                                              tracer_provider=tracer_provider)
+        app.state.batch_worker = None
         try:
+            if settings.batch_worker:  # tenants' batches, in the background (stopped first)
+                worker = BatchWorker(app.state.gateway, FileStore(settings.files_dir))
+                await worker.start()
+                app.state.batch_worker = worker
             yield
         finally:
-            await close_state(app.state.gateway)
+            try:
+                if app.state.batch_worker is not None:
+                    await app.state.batch_worker.stop()
+            finally:
+                await close_state(app.state.gateway)
 
     app = FastAPI(title="Switchboard", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.include_router(health.router)
@@ -64,17 +77,22 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
     app.include_router(usage.router)  # before tenant's: its /v1/usage supersedes that one
     app.include_router(tenant.router)
     app.include_router(adapters.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(admin_router)
     app.include_router(console_router)  # the admin web console at /console
     app.add_middleware(AdminGuard)  # admin auth before any body is parsed
     app.add_middleware(TenantUploadGuard, path=adapters.UPLOAD_PATH)
+    app.add_middleware(TenantUploadGuard, path=files.FILES_PATH)
     app.add_middleware(AuthThrottle, throttle=FailureThrottle(  # before any key is looked at
         free=settings.auth_failures_free, max_s=settings.auth_backoff_max_s,
         max_sources=settings.auth_throttle_max_sources))
     app.add_middleware(GatewayMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_s,
                        max_upload_bytes=settings.max_adapter_upload_bytes,
-                       upload_timeout_s=settings.adapter_upload_read_timeout_s)
+                       upload_timeout_s=settings.adapter_upload_read_timeout_s,
+                       max_file_bytes=settings.max_file_bytes,
+                       file_timeout_s=settings.file_upload_read_timeout_s)
     _add_error_handlers(app)
     return app
 

@@ -72,6 +72,21 @@ class KeyCache:
             raise unauthorized(f"This API key is {reason}.")
         return ctx
 
+    async def tenant_by_id(self, key_id: str) -> KeyContext:
+        """A key's context by its id, for work it started earlier (a batch's lines, answered
+        long after the request that created the batch): the same cache, and the same 401/403
+        as `tenant` once the key is revoked or expired or its tenant suspended. No secret is
+        checked: it is not kept."""
+        ctx = await self._lookup(self._tenant, key_id, service.load_key_context)
+        if ctx is None:
+            raise unauthorized("The API key that created this batch no longer exists.")
+        reason = ctx.usable(time.time())
+        if reason == "tenant suspended":
+            raise forbidden("This tenant is suspended.", code="tenant_suspended")
+        if reason is not None:
+            raise unauthorized(f"The API key that created this batch is {reason}.")
+        return ctx
+
     async def admin(self, authorization: str | None) -> AdminContext:
         parsed = parse_key(bearer_token(authorization))
         if parsed is None:

@@ -9,10 +9,10 @@ tracing is on, a SERVER span that continues the caller's `traceparent`; it ends 
 Bodies are limited on every route: announced as too large, they are refused with 413 before
 they are read; otherwise the bytes actually received are counted as they stream in
 (`gateway.body_guard`), before any parser sees them, and the whole body must arrive within a
-timeout from the head (408). Adapter uploads have their own, larger limit and timeout. A
-client that leaves mid-body is logged at debug level as a 499, never as a 500. An answer
-given before the body has all been read closes the connection: otherwise a client could
-hold it forever by dribbling a body nobody reads.
+timeout from the head (408). Adapter and file uploads have their own, larger limits and
+timeouts. A client that leaves mid-body is logged at debug level as a 499, never as a 500.
+An answer given before the body has all been read closes the connection: otherwise a client
+could hold it forever by dribbling a body nobody reads.
 """
 
 from __future__ import annotations
@@ -41,17 +41,30 @@ logger = logging.getLogger(__name__)
 access_log = logging.getLogger("switchboard.access")
 
 UPLOAD_SUFFIX = "/adapters/upload"  # admin and tenant adapter uploads
+FILES_PATH = "/v1/files"  # POST: a tenant's file upload (the Batch API)
+MULTIPART_SLACK = 64 << 10  # a file upload's form fields and boundaries, beside the file
 
 
 class GatewayMiddleware:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
                  max_upload_bytes: int | None = None,
-                 upload_timeout_s: float | None = None) -> None:
+                 upload_timeout_s: float | None = None, max_file_bytes: int | None = None,
+                 file_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes or max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.upload_timeout_s = upload_timeout_s or body_timeout_s
+        self.max_file_bytes = max_file_bytes or max_body_bytes
+        self.file_timeout_s = file_timeout_s or body_timeout_s
+
+    def limits(self, path: str, method: str) -> tuple[int, float]:
+        """(most body bytes, seconds for the whole body) on this route."""
+        if path.endswith(UPLOAD_SUFFIX):
+            return self.max_upload_bytes, self.upload_timeout_s
+        if path == FILES_PATH and method == "POST":
+            return self.max_file_bytes + MULTIPART_SLACK, self.file_timeout_s
+        return self.max_body_bytes, self.body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,9 +86,8 @@ class GatewayMiddleware:
         state["upstream_s"] = 0.0
         status = 0
         path: str = scope.get("path", "")
-        upload = path.endswith(UPLOAD_SUFFIX)
-        limit = self.max_upload_bytes if upload else self.max_body_bytes
-        body = BodyGuard(receive, limit, self.upload_timeout_s if upload else self.body_timeout_s)
+        limit, timeout_s = self.limits(path, scope.get("method", ""))
+        body = BodyGuard(receive, limit, timeout_s)
         finished = False  # the response's last byte was sent
 
         async def send_with_headers(message: Message) -> None:

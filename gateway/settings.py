@@ -147,6 +147,26 @@ class Settings(BaseSettings):
     # once before they start (docker-compose's `migrate` service, a Helm hook).
     migrate_on_start: bool = True
 
+    # --- Files and batches (docs/gateway.md, "Batches and files") ----------------------
+    # Tenants' files (batch inputs, outputs and errors), one folder per tenant; the database
+    # holds their metadata. Shared storage when several replicas serve.
+    files_dir: Path = Path(".switchboard-files")
+    max_file_bytes: int = Field(default=200 << 20, ge=1)  # one upload, as OpenAI's batch limit
+    max_files_per_tenant: int = Field(default=10_000, ge=1)
+    file_upload_read_timeout_s: float = 600.0  # the whole upload must arrive within this
+    batch_max_lines: int = Field(default=50_000, ge=1)  # requests in one input file
+    # This process runs batches (a replica may leave them to the others).
+    batch_worker: bool = True
+    # Lines answered at once, every tenant's batches together, shared fairly between tenants;
+    # each runs at the lowest priority within its tenant (engine_share).
+    batch_max_concurrency: int = Field(default=2, ge=1, le=1024)
+    # While live requests are in flight in this process, batch lines in flight are held to
+    # this many (0: none start until live traffic is idle), so live traffic is not slowed.
+    batch_concurrency_under_load: int = Field(default=1, ge=0, le=1024)
+    batch_poll_interval_s: float = Field(default=2.0, gt=0)  # looks for batches to run
+    batch_lease_s: float = Field(default=30.0, gt=0)  # a dead process's batches resume after
+    batch_retry_s: float = Field(default=5.0, gt=0)  # a line refused 503 waits this long
+
     # --- Remote workers (docs/scaling.md) ------------------------------------------------
     # The shared secret between gateways and `switchboard worker` processes: the gateway sends
     # it as a bearer token, the worker refuses calls without it. Empty: workers are open.

@@ -116,7 +116,7 @@ def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
         "database_url": db_url, "secret_key": SECRET, "secret_file": tmp_path / "secret",
         "embedded_model": "none", "embedding_model": "none",
         "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
-        "usage_outbox_dir": tmp_path / "outbox",
+        "usage_outbox_dir": tmp_path / "outbox", "files_dir": tmp_path / "files",
         **overrides,
     }
     return Settings(**values)

@@ -55,6 +55,11 @@ TENANT_ROUTES = {
     # (tests/gateway/surfaces/test_responses.py)
     ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
     ("DELETE", "/v1/responses/{response_id}"), ("GET", "/v1/responses/{response_id}/input_items"),
+    # The Batch API: files and batches (tests/gateway/test_batches.py)
+    ("POST", "/v1/files"), ("GET", "/v1/files"), ("GET", "/v1/files/{file_id}"),
+    ("GET", "/v1/files/{file_id}/content"), ("DELETE", "/v1/files/{file_id}"),
+    ("POST", "/v1/batches"), ("GET", "/v1/batches"), ("GET", "/v1/batches/{batch_id}"),
+    ("POST", "/v1/batches/{batch_id}/cancel"),
 }
 PUBLIC_ROUTES = {("GET", "/health"), ("GET", "/health/live"), ("GET", "/health/ready")}
 
@@ -385,6 +390,67 @@ async def test_another_tenants_stored_response_does_not_exist(world, monkeypatch
     assert [i["content"][0]["text"] for i in items["data"]] == ["more"]
     assert ok(await a.request("DELETE", f"/v1/responses/{rid}"))["deleted"] is True
     assert_error(await a.request("GET", f"/v1/responses/{rid}"), 404)
+
+
+# --- files and batches ---------------------------------------------------------------------
+
+
+async def test_another_tenants_files_and_batches_do_not_exist(world):
+    """B can neither read, download, delete, list after nor run A's files and batches: each
+    is the 404 of an id never issued. A's batch runs under A's key's scopes (a line for a
+    model A's plan does not allow is its 403, in the error file); A's own ids work."""
+    a, b = world.a.callers["initech-main"], world.b.callers["umbrella-main"]
+    lines = [{"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
+              "body": {"model": model, **CHAT}} for i, model in enumerate((MOCK, PREMIUM))]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    file = ok(await a.request("POST", "/v1/files", data={"purpose": "batch"},
+                              files={"file": ("initech-jobs.jsonl", data)}))
+    created = ok(await a.request("POST", "/v1/batches", json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"}))
+    deadline = time.monotonic() + 20
+    while (batch := ok(await a.request("GET", f"/v1/batches/{created['id']}")))[
+            "status"] != "completed":
+        assert time.monotonic() < deadline, batch
+        await asyncio.sleep(0.05)
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    error = json.loads((await a.request("GET", f"/v1/files/{batch['error_file_id']}/content"))
+                       .text)
+    assert error["custom_id"] == "line-1" and error["response"]["status_code"] == 403
+    for caller in world.b.callers.values():
+        caller.hidden |= {file["id"], batch["id"], batch["output_file_id"],
+                          batch["error_file_id"], "initech-jobs.jsonl"}
+
+    unknown_file, unknown_batch = "file-" + "0" * 32, "batch_" + "0" * 32
+
+    async def same_as_unknown(method: str, template: str, real: str, unknown: str,
+                              **kwargs: Any) -> None:
+        found = await b.request(method, template.format(real), **kwargs)
+        missing = await b.request(method, template.format(unknown), **kwargs)
+        assert assert_error(found, 404)["message"] == assert_error(missing, 404)[
+            "message"].replace(unknown, real)
+
+    for file_id in (file["id"], batch["output_file_id"]):
+        for method, template in (("GET", "/v1/files/{}"), ("GET", "/v1/files/{}/content"),
+                                 ("DELETE", "/v1/files/{}")):
+            await same_as_unknown(method, template, file_id, unknown_file)
+    for method, template in (("GET", "/v1/batches/{}"), ("POST", "/v1/batches/{}/cancel")):
+        await same_as_unknown(method, template, batch["id"], unknown_batch)
+    found = await b.request("POST", "/v1/batches", json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions",
+        "completion_window": "24h"})
+    assert_error(found, 404)
+    assert_error(await b.request("GET", "/v1/batches", params={"after": batch["id"]}), 404)
+    assert_error(await b.request("GET", "/v1/files", params={"after": file["id"]}), 404)
+    assert ok(await b.request("GET", "/v1/files"))["data"] == []
+    assert ok(await b.request("GET", "/v1/batches"))["data"] == []
+
+    # A's own still work, untouched by all that.
+    assert [x["id"] for x in ok(await a.request("GET", "/v1/batches"))["data"]] == [batch["id"]]
+    output = json.loads((await a.request("GET", f"/v1/files/{batch['output_file_id']}/content"))
+                        .text)
+    assert output["custom_id"] == "line-0" and output["response"]["status_code"] == 200
+    ok(await a.request("DELETE", f"/v1/files/{file['id']}"))
 
 
 # --- admin API ----------------------------------------------------------------------------
