@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from workers.engine.outputs import RequestOutput
-from workers.engine.scheduler import SchedulerOutput
+from workers.engine.scheduler import Scheduler, SchedulerOutput
 
 if TYPE_CHECKING:
     from workers.config import EngineArgs
-    from workers.llm_engine import LLMEngine
 
 DEFAULT_INTERJECT_TOKENS = 256  # EngineArgs.interject_tokens on CPU
 
@@ -27,7 +26,7 @@ class Arrivals(Protocol):
     """Where requests that arrive while a step runs come from, and where the outputs of the
     steps run for them go (the async engine; see `LLMEngine.step`)."""
 
-    def admit(self, engine: LLMEngine) -> None:
+    def admit(self, engine: Any) -> None:
         """Enqueue (`engine.enqueue`) what has arrived since the step began."""
         ...
 
@@ -46,10 +45,21 @@ def interject_tokens(args: EngineArgs, runner: Any) -> int:
     return DEFAULT_INTERJECT_TOKENS if device is None or device.type == "cpu" else 0
 
 
+class _Engine(Protocol):
+    """What an interjection needs of the engine (`LLMEngine`)."""
+
+    scheduler: Scheduler
+    arrivals: Arrivals | None
+    num_enqueued: int  # requests enqueued so far: did any arrive at this boundary?
+
+    def run(self, sched: SchedulerOutput,
+            between_layers: Callable[[], None] | None = None) -> list[RequestOutput]: ...
+
+
 class Interjections:
     """The steps run inside the engine's steps: counted, and timed apart from them."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: _Engine) -> None:
         self.engine = engine
         self.count = 0
         self.seconds = 0.0  # spent inside other steps, in all (their timings leave it out)

@@ -6,13 +6,30 @@ stop checks, adapters) into one flat dict of numbers, the shape /stats serves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from workers.llm_engine import LLMEngine
+from workers.engine.block_manager import BlockManager
+from workers.engine.scheduler import Scheduler
+from workers.engine.speculative import SpecStats
 
 
-def engine_stats(engine: LLMEngine) -> dict[str, float]:
+class _Engine(Protocol):
+    """What the figures are read from (`LLMEngine`)."""
+
+    args: Any
+    scheduler: Scheduler
+    block_manager: BlockManager
+    spec_stats: SpecStats
+    adapters: Any  # AdapterResidency
+
+    @property
+    def num_interjections(self) -> int: ...
+
+    @property
+    def num_grammar_errors(self) -> int: ...
+
+
+def engine_stats(engine: _Engine) -> dict[str, float]:
     scheduler, blocks = engine.scheduler, engine.block_manager
     stats = {
         "num_waiting": len(scheduler.waiting),
