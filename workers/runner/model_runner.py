@@ -47,6 +47,7 @@ from workers.runner.models.layers import DecoderModel
 from workers.runner.models.weights import load_weights
 from workers.runner.quantization import (
     check_int8_compute,
+    check_quantizable,
     check_quantization,
     pick_int8_compute,
     quantize,
@@ -354,6 +355,7 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
             config.max_model_len or hf_config.max_position_embeddings)).to(config.dtype)
     model.rotary.float()
     model.requires_grad_(False)
+    check_quantizable(model, config.quantization)  # a family's refusal, before any weight
     load_weights(model, path)
     model.eval()
     linear_backend = pick_linear_backend(config.linear_backend, config.device, config.dtype,

@@ -216,6 +216,21 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def check_quantizable(model: nn.Module, quantization: str) -> None:
+    """Refuse, naming the family, a quantization some block of the model does not take (a
+    module with `quantizable = False`: mixture-of-experts experts); called before the weights
+    load."""
+    if check_quantization(quantization) == "none":
+        return
+    refused = {type(m).__name__ for m in model.modules() if getattr(m, "quantizable", True)
+               is False}
+    if refused:
+        family = getattr(getattr(model, "arch", None), "family", type(model).__name__)
+        raise ValueError(f"{family}: quantization {quantization!r} is not served on "
+                         f"mixture-of-experts experts ({', '.join(sorted(refused))}); use "
+                         "quantization 'none'")
+
+
 def quantize(model: nn.Module, quantization: str, linear_backend: str,
              compute: torch.dtype | None = None) -> None:
     """Apply the engine's `quantization` to a loaded model whose projections already use
@@ -223,6 +238,7 @@ def quantize(model: nn.Module, quantization: str, linear_backend: str,
     it as it is."""
     if check_quantization(quantization) == "none":
         return
+    check_quantizable(model, quantization)
     if linear_backend in PACKED_BACKENDS:
         raise ValueError(f"linear_backend {linear_backend!r} blocks float weights; with "
                          "quantization 'int8' use auto, onednn or torch")

@@ -89,6 +89,9 @@ class Arch:
     fused_checkpoint: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused
     max_model_len: int | None = None  # the longest sequence served exactly (None: no limit)
     mlp: Callable[[Arch, int], nn.Module] | None = None  # None: the gated MLP below
+    # (checkpoint, ours) name parts: a checkpoint tensor's name with the first replaced by the
+    # second is our parameter's (Mixtral's `block_sparse_moe.` is our `mlp.`)
+    checkpoint_renames: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def of(cls, family: str, config: Any) -> Arch:
@@ -254,6 +257,7 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[arch.activation]
         self.fused_checkpoint = arch.fused_checkpoint
         self.fused = False
+        self.adapted = True  # False: LoRA leaves it alone (a dense layer of an experts model)
 
     def checkpoint_sources(self) -> dict[str, tuple[str, int, int]]:
         if self.fused_checkpoint:
@@ -262,6 +266,8 @@ class MLP(nn.Module):
         return {"gate_proj": ("gate_up_proj", 0, n), "up_proj": ("gate_up_proj", n, n)}
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
+        if not self.adapted:
+            lora = None
         gate_up = self.gate_up_proj(x)
         if lora is not None:
             lora.apply(gate_up, x, self.layer_idx, "gate_up_proj")
@@ -333,6 +339,10 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(arch, i, max_model_len) for i in range(arch.num_layers))
+        if any(not isinstance(layer.mlp, MLP) for layer in self.layers):
+            for layer in self.layers:  # LoRA adapts attention only (`lora_packing`)
+                if isinstance(layer.mlp, MLP):
+                    layer.mlp.adapted = False
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps, arch.norm_offset)
         self.tie_word_embeddings = arch.tie_word_embeddings
         if not self.tie_word_embeddings:
@@ -354,7 +364,7 @@ class DecoderModel(nn.Module):
         checkpoint stored fused (Phi-3) is adapted on its fused modules, as peft names them."""
         packing = {name: (name,) for name in PACKED} if self.arch.fused_checkpoint else dict(
             PACKED)
-        if not isinstance(self.layers[0].mlp, MLP):  # an experts block: attention only
+        if any(not isinstance(layer.mlp, MLP) for layer in self.layers):  # experts: attention
             packing = {k: v for k, v in packing.items() if k in ("qkv_proj", "o_proj")}
         return packing
 
@@ -370,7 +380,7 @@ class DecoderModel(nn.Module):
         kernels (`cpu_fused.pick_elementwise` decides where they run); `torch`: PyTorch's."""
         self.elementwise = name
         for module in self.modules():
-            if isinstance(module, RMSNorm | Attention | MLP):
+            if isinstance(module, RMSNorm | Attention | MLP) or hasattr(module, "fused"):
                 module.fused = name == "cpu"
 
     def pack_linears(self, *, tiles: str | None = None, upcast: bool = False) -> None:

@@ -43,6 +43,8 @@ FAMILIES = (
     Family("gemma2", ("Gemma2ForCausalLM",), ("gemma2",)),
     Family("gemma3", ("Gemma3ForCausalLM",), ("gemma3_text",)),
     Family("phi3", ("Phi3ForCausalLM",), ("phi3",)),
+    Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",)),
+    Family("mixtral", ("MixtralForCausalLM",), ("mixtral",)),
 )
 _BY_ARCHITECTURE = {a: f for f in FAMILIES for a in f.architectures}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -3,8 +3,10 @@
 Every checkpoint name maps to one of our parameters, or to rows of one: a module with
 `checkpoint_sources()` (attention's q/k/v, the MLP's gate/up, an experts block's experts)
 says which of its checkpoint modules land where in its fused ones. Everything else is the
-same name without the leading `model.`. A tensor no parameter takes, a parameter (or rows of
-one) no tensor fills, and a tensor of the wrong shape are each an error naming it.
+same name without the leading `model.` (and with the family's `Arch.checkpoint_renames`
+applied: Mixtral's `block_sparse_moe.` is our `mlp.`). A tensor no parameter takes, a
+parameter (or rows of one) no tensor fills, and a tensor of the wrong shape are each an error
+naming it.
 
 Files: the shards `model.safetensors.index.json` lists where there is one, else
 `model.safetensors`, else every `*.safetensors` of the folder (a folder may also hold a
@@ -85,11 +87,14 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     params = dict(model.named_parameters())
     layout = checkpoint_layout(model)
     tied = bool(getattr(model, "tie_word_embeddings", False))
+    renames = getattr(getattr(model, "arch", None), "checkpoint_renames", ())
     filled: set[str] = set()
     for file in checkpoint_files(folder):
         with safe_open(str(file), framework="pt") as reader:
             for name in reader.keys():  # noqa: SIM118 - safe_open is not a dict
                 key = name.removeprefix("model.")
+                for theirs, ours in renames:
+                    key = key.replace(theirs, ours)
                 if key.endswith(_IGNORED):
                     continue
                 if key == "lm_head.weight" and tied:
@@ -112,7 +117,7 @@ def load_weights(model: nn.Module, folder: Path) -> None:
                 filled.add(key)
     missing = sorted(set(layout) - filled)
     if missing:
-        shown = ", ".join(repr(_hf_name(m)) for m in missing[:5])
+        shown = ", ".join(repr(_hf_name(m, renames)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint {folder} lacks weights: {shown}{more}")
 
@@ -127,5 +132,7 @@ def _destination(param: torch.Tensor, slot: Slot) -> torch.Tensor:
     return flat.narrow(0, slot.offset, slot.rows)
 
 
-def _hf_name(key: str) -> str:
+def _hf_name(key: str, renames: tuple[tuple[str, str], ...] = ()) -> str:
+    for theirs, ours in renames:
+        key = key.replace(ours, theirs)
     return key if key.startswith("lm_head.") else f"model.{key}"

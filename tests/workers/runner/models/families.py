@@ -36,6 +36,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
                          "full_attention": {"rope_type": "linear", "factor": 2.0,
                                             "rope_theta": 1000000.0}})),
     "phi3": ("Phi3Config", dict(tie_word_embeddings=False)),
+    # 8 experts, top 2; raw top-k weights (not renormalised) and a dense MLP on layer 1
+    "qwen3_moe": ("Qwen3MoeConfig", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48,
+        norm_topk_prob=False, mlp_only_layers=[1], tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2,
+                                      sliding_window=None)),
 }
 
 # families whose windows (and Gemma 2's attention soft-capping) bind inside the test's lengths
@@ -44,6 +50,7 @@ WINDOWED: dict[str, dict[str, Any]] = {
     "qwen2": dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
     "gemma2": dict(sliding_window=16, attn_logit_softcapping=5.0),
     "gemma3": dict(sliding_window=16),
+    "mixtral": dict(sliding_window=16),
 }
 
 

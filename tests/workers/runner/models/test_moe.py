@@ -1,0 +1,176 @@
+"""Mixture-of-experts families (Qwen3-MoE, Mixtral): the routed experts against a naive
+per-token reference and against HF's own block, the engine against HF's forward (renormalised
+routing, dense layers beside sparse ones), and what is refused by name (LoRA on the experts,
+int8 weights). The families' greedy, mixed-length, prefix-hit and sliding-window runs are in
+test_families.py with every other family."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.workers.lora.helpers import make_peft_adapter, peft_model
+from tests.workers.runner.models.families import (
+    assert_greedy_like_hf,
+    build_family,
+    random_prompts,
+)
+from tests.workers.runner.models.test_loading import rewrite_weights
+from workers import LLM, SamplingParams
+from workers.lora.adapter import AdapterError
+from workers.runner.models import experts as experts_module
+from workers.runner.models import family_of
+from workers.runner.models import weights as weights_module
+from workers.runner.models.experts import SparseMoE, grouped_mm_runs, routed_experts
+from workers.runner.models.layers import MLP
+
+CPU32 = {"device": "cpu", "dtype": "float32"}
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+KERNELS = ["loop", pytest.param("grouped", marks=pytest.mark.skipif(
+    not grouped_mm_runs("cpu", torch.float32), reason="this torch has no CPU _grouped_mm"))]
+
+
+def naive_experts(x, weights, experts, gate_up, down):
+    """One token at a time, one of its experts at a time."""
+    n = down.shape[2]
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for k in range(experts.shape[1]):
+            e = int(experts[t, k])
+            gate, up = (gate_up[e] @ x[t]).split(n)
+            out[t] += weights[t, k] * (down[e] @ (F.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_routed_experts_equal_a_per_token_reference(kernel, tokens):
+    """Every (token, expert) pair lands on its token with its weight, whatever the experts'
+    loads (some get none: 6 experts, top 2, few tokens)."""
+    torch.manual_seed(tokens)
+    num_experts, hidden, inter, top_k = 6, 16, 8, 2
+    x = torch.randn(tokens, hidden)
+    gate_up = torch.randn(num_experts, 2 * inter, hidden)
+    down = torch.randn(num_experts, hidden, inter)
+    experts = torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k)
+
+    def activate(h):
+        gate, up = h.split(inter, dim=-1)
+        return F.silu(gate) * up
+
+    got = routed_experts(x, weights, experts, gate_up, down, activate, kernel=kernel)
+    want = naive_experts(x, weights, experts, gate_up, down)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("family", "norm"), [("qwen3_moe", True), ("qwen3_moe", False),
+                                              ("mixtral", True)])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_block_equals_hfs(family, norm, kernel):
+    """Our block with HF's block's weights gives its output: routing (softmax, top-k, the
+    renormalisation) and the experts' names and rows as the loader would place them."""
+    import transformers
+
+    hidden, inter = 32, 24
+    if family == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(
+            hidden_size=hidden, moe_intermediate_size=inter, num_experts=8,
+            num_experts_per_tok=2, norm_topk_prob=norm, num_attention_heads=4,
+            num_key_value_heads=2)
+        block_cls = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock
+    else:
+        config = transformers.MixtralConfig(
+            hidden_size=hidden, intermediate_size=inter, num_local_experts=8,
+            num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2)
+        block_cls = transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock
+    torch.manual_seed(1)
+    theirs = block_cls(config).eval()
+    with torch.no_grad():
+        for param in theirs.parameters():
+            param.normal_(0, 0.5)
+    arch = family_of({"model_type": family}).arch(config)
+    ours = arch.mlp(arch, 0)
+    assert isinstance(ours, SparseMoE)
+    ours.kernel = kernel
+    with torch.no_grad():
+        ours.gate.weight.copy_(theirs.gate.weight)
+        ours.experts.gate_up_proj.weight.copy_(theirs.experts.gate_up_proj)
+        ours.experts.down_proj.weight.copy_(theirs.experts.down_proj)
+    x = torch.randn(1, 37, hidden)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x[0], None), theirs(x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_qwen3_moe_renormalised_with_dense_layers_matches_hf(tmp_path, tokenizer):
+    """norm_topk_prob on; `decoder_sparse_step` 2 and `mlp_only_layers` [1]: layer 0 and 1
+    dense, 2 sparse (test_families covers norm_topk_prob off, every other layer sparse)."""
+    hf = build_family(tmp_path, tokenizer, "qwen3_moe", norm_topk_prob=True,
+                      num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[1])
+    llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=32,
+              block_size=16, **CPU32)
+    kinds = [type(layer.mlp) for layer in llm.engine.runner.model.layers]
+    assert kinds == [MLP, MLP, MLP, SparseMoE]
+    prompts = random_prompts(5, seed=7, lo=3, hi=60)
+    assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
+
+
+def test_moe_on_torch_paths_and_the_loop_kernel(tmp_path, tokenizer, monkeypatch):
+    """PyTorch's element-wise ops and attention (the CUDA fallbacks), experts as one matmul
+    per expert."""
+    monkeypatch.setattr(experts_module, "pick_expert_kernel", lambda name, x: "loop")
+    hf = build_family(tmp_path, tokenizer, "mixtral")
+    llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24, block_size=8,
+              elementwise="torch", attention_backend="torch", prefill_attention="masked",
+              **CPU32)
+    prompts = random_prompts(4, seed=3, lo=5, hi=50)
+    assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
+
+
+def test_lora_on_attention_equals_peft_and_expert_targets_are_refused(tmp_path, tokenizer):
+    build_family(tmp_path / "base", tokenizer, "qwen3_moe")
+    adapter = make_peft_adapter(tmp_path / "base", tmp_path / "lora", seed=3, r=8,
+                                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    reference = peft_model(tmp_path / "base", adapter)
+    llm = LLM(str(tmp_path / "base"), kv_cache_memory=8 << 20, enable_lora=True,
+              max_lora_rank=8, **CPU32)
+    llm.add_lora("a", str(adapter))
+    prompts = random_prompts(4, seed=5)
+    mixed = llm.generate(prompts, GREEDY, lora=["a", None, "a", None])
+    adapted = [o.token_ids for o in mixed[0::2]]
+    assert_greedy_like_hf(reference, prompts[0::2], adapted)
+    assert adapted != [o.token_ids for o in llm.generate(prompts[0::2], GREEDY)]
+    # peft (on transformers 5) adapts the experts' fused 3-d weights: an adapter naming MLP
+    # modules is refused by name before its tensors are read
+    mlp = shutil.copytree(adapter, tmp_path / "mlp")
+    config = json.loads((mlp / "adapter_config.json").read_text())
+    config["target_modules"] = ["q_proj", "gate_proj", "up_proj"]
+    (mlp / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(AdapterError, match=r"unsupported target modules on qwen3_moe models: "
+                                           r"gate_proj, up_proj \(supported: .*q_proj"):
+        llm.add_lora("b", str(mlp))
+
+
+def test_int8_is_refused_by_family_before_any_weight_is_read(tmp_path, tokenizer,
+                                                             monkeypatch):
+    build_family(tmp_path, tokenizer, "mixtral")
+    monkeypatch.setattr(weights_module, "safe_open", lambda *a, **k: pytest.fail("read"))
+    with pytest.raises(ValueError, match=r"mixtral: quantization 'int8' is not served on "
+                                         r"mixture-of-experts experts"):
+        LLM(str(tmp_path), kv_cache_memory=4 << 20, quantization="int8", **CPU32)
+
+
+@pytest.mark.parametrize(("family", "name"), [
+    ("mixtral", "model.layers.1.block_sparse_moe.experts.3.w2.weight"),
+    ("qwen3_moe", "model.layers.0.mlp.experts.7.up_proj.weight"),
+])
+def test_a_missing_expert_is_named_as_the_checkpoint_names_it(tmp_path, tokenizer, family,
+                                                               name):
+    build_family(tmp_path, tokenizer, family)
+    rewrite_weights(tmp_path, lambda t: t.pop(name))
+    with pytest.raises(ValueError, match=rf"lacks weights: '{name}'".replace(".", r"\.")):
+        LLM(str(tmp_path), kv_cache_memory=4 << 20, **CPU32)

@@ -1,0 +1,195 @@
+"""A mixture-of-experts block in place of the MLP (`Arch.mlp`): a router picks each token's
+top-k experts, each expert is a gated MLP, and the token's output is the router-weighted sum of
+its experts' outputs.
+
+Routing: a softmax over all experts' router logits in float32, the top k of it, renormalised
+to sum to 1 where the family asks (`norm_topk_prob`: Qwen3-MoE's setting; Mixtral always).
+
+The experts' weights are stacked, gate and up fused as in the MLP: `gate_up_proj`
+[experts, 2 * intermediate, hidden] and `down_proj` [experts, hidden, intermediate]; a
+checkpoint's per-expert matrices land in their rows (`checkpoint_sources`, names per family).
+
+The experts run as grouped matmuls: the (token, expert) pairs are sorted by expert, so each
+expert's tokens are one contiguous run of rows, and one matmul per expert takes its run whole;
+never a loop over tokens. `kernel`:
+- `grouped`: PyTorch's `_grouped_mm`, every expert's matmul in one call (no Python per
+  expert);
+- `loop`: one `F.linear` per expert that has tokens, over a view of its stacked weight;
+- `auto`: `grouped` where this PyTorch runs it for the device and dtype (a trial, once), else
+  `loop`.
+Each pair's output is scaled by its router weight and added into its token's row
+(`index_add_`).
+
+Not served on the experts (refused by name, never silently skipped): LoRA (an adapter may
+target attention only: `DecoderModel.lora_packing`) and int8 weights.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workers.runner import cpu_fused
+from workers.runner.linear import Linear
+from workers.runner.lora import LoRABatch
+from workers.runner.models.layers import ACTIVATIONS, Arch
+
+EXPERT_KERNELS = ("auto", "grouped", "loop")
+
+
+@dataclass(frozen=True)
+class ExpertNames:
+    """A checkpoint's names for one expert's matrices, under `experts.<index>.`."""
+
+    gate: str = "gate_proj"
+    up: str = "up_proj"
+    down: str = "down_proj"
+
+
+MIXTRAL_NAMES = ExpertNames(gate="w1", up="w3", down="w2")
+
+
+class Stacked(nn.Module):
+    """One weight per expert, stacked: `weight` [experts, rows, in]."""
+
+    def __init__(self, experts: int, rows: int, columns: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(experts, rows, columns))
+
+
+class Experts(nn.Module):
+    """The experts' stacked weights and the routed matmuls over them."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int,
+                 names: ExpertNames) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.hidden = hidden
+        self.intermediate = intermediate
+        self.names = names
+        self.gate_up_proj = Stacked(num_experts, 2 * intermediate, hidden)
+        self.down_proj = Stacked(num_experts, hidden, intermediate)
+
+    def checkpoint_sources(self) -> dict[str, tuple[str, int, int]]:
+        """`<e>.gate`/`<e>.up` into expert e's rows of gate_up_proj, `<e>.down` into its
+        rows of down_proj (3-d parameters count rows of their last dimension)."""
+        n, h, names = self.intermediate, self.hidden, self.names
+        sources: dict[str, tuple[str, int, int]] = {}
+        for e in range(self.num_experts):
+            sources[f"{e}.{names.gate}"] = ("gate_up_proj", 2 * n * e, n)
+            sources[f"{e}.{names.up}"] = ("gate_up_proj", 2 * n * e + n, n)
+            sources[f"{e}.{names.down}"] = ("down_proj", h * e, h)
+        return sources
+
+
+class SparseMoE(nn.Module):
+    """Router (`gate`, hidden -> experts) and `experts`; forward takes `(x, lora)` like the
+    MLP. `round_weights`: the router's weights are rounded to the model dtype before they scale
+    the experts' outputs (Qwen3-MoE); otherwise they scale in float32 (Mixtral)."""
+
+    quantizable = False  # int8 weights are refused by name (`quantization.check_quantizable`)
+
+    def __init__(self, arch: Arch, layer_idx: int, *, num_experts: int, top_k: int,
+                 intermediate: int, norm_topk_prob: bool, names: ExpertNames = ExpertNames(),
+                 round_weights: bool = True) -> None:
+        super().__init__()
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"{arch.family}: num_experts_per_tok {top_k} must be in "
+                             f"1..{num_experts}")
+        if arch.activation not in ACTIVATIONS:
+            raise ValueError(f"{arch.family}: unsupported activation {arch.activation!r} "
+                             f"(served: {', '.join(ACTIVATIONS)})")
+        self.family = arch.family
+        self.layer_idx = layer_idx
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.intermediate = intermediate
+        self.norm_topk_prob = norm_topk_prob
+        self.round_weights = round_weights
+        self.act = ACTIVATIONS[arch.activation]
+        self.gate = Linear(arch.hidden_size, num_experts, bias=False)
+        self.experts = Experts(num_experts, arch.hidden_size, intermediate, names)
+        self.kernel = "auto"  # EXPERT_KERNELS
+        self.fused = False  # SiLU-and-multiply through the C kernel (`use_elementwise`)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts), each [tokens, top_k]: float32 weights, or in x's dtype where
+        `round_weights`."""
+        logits = self.gate(x)
+        probs = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.round_weights:
+            weights = weights.to(x.dtype)
+        return weights, experts
+
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
+        weights, experts = self.route(x)
+        return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
+                              self.experts.down_proj.weight, self._activate,
+                              kernel=pick_expert_kernel(self.kernel, x))
+
+    def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        if self.fused and self.act is F.silu:
+            return cpu_fused.silu_mul(gate_up)
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        return self.act(gate) * up
+
+
+def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
+                   gate_up: torch.Tensor, down: torch.Tensor, activate, *,
+                   kernel: str = "loop") -> torch.Tensor:
+    """sum over k of weights[t, k] * expert_{experts[t, k]}(x[t]) for every token t, where
+    expert e(v) = down[e] @ activate(gate_up[e] @ v). `gate_up` [E, 2n, H], `down` [E, H, n]."""
+    num_experts = gate_up.shape[0]
+    top_k = experts.shape[1]
+    flat = experts.reshape(-1)
+    order = flat.argsort(stable=True)  # pairs by expert; token order within each expert
+    counts = torch.bincount(flat, minlength=num_experts)
+    tokens = order // top_k
+    rows = x.index_select(0, tokens)
+    if kernel == "grouped":
+        offsets = counts.cumsum(0, dtype=torch.int32)
+        hidden = activate(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets))
+        out = torch._grouped_mm(hidden, down.transpose(1, 2), offs=offsets)
+    else:
+        out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+        start = 0
+        for e, count in enumerate(counts.tolist()):
+            if count:
+                run = slice(start, start + count)
+                out[run] = F.linear(activate(F.linear(rows[run], gate_up[e])), down[e])
+                start += count
+    scale = weights.reshape(-1).index_select(0, order).unsqueeze(-1)
+    out = (out * scale).to(x.dtype)  # a float32 scale multiplies in float32
+    result = torch.zeros_like(x)
+    return result.index_add_(0, tokens, out)
+
+
+@functools.cache
+def grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether this PyTorch runs `_grouped_mm` on the device in the dtype, by a tiny trial
+    (the op is private; CUDA builds take bfloat16 on recent GPUs only)."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        x = torch.ones(4, 16, dtype=dtype, device=device_type)
+        w = torch.ones(2, 16, 16, dtype=dtype, device=device_type)
+        offs = torch.tensor([1, 4], dtype=torch.int32, device=device_type)
+        out = torch._grouped_mm(x, w, offs=offs)
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+    return bool(torch.all(out == 16).item())
+
+
+def pick_expert_kernel(name: str, x: torch.Tensor) -> str:
+    if name not in EXPERT_KERNELS:
+        raise ValueError(f"expert kernel must be one of {', '.join(EXPERT_KERNELS)}")
+    if name == "auto":
+        return "grouped" if grouped_mm_runs(x.device.type, x.dtype) else "loop"
+    return name
