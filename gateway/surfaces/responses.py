@@ -196,6 +196,7 @@ class Turn:
     store: bool = True
     logprobs: bool = False
     completed_at: int | None = None
+    answer: dict[str, Any] | None = None  # the finished Response, once made (whole, kept)
 
     @property
     def hex(self) -> str:
@@ -638,7 +639,14 @@ def output_of(turn: Turn, fold: Fold) -> tuple[list[dict[str, Any]], str, dict[s
 
 
 def from_fold(turn: Turn, fold: Fold) -> dict[str, Any]:
-    """A folded answer as the Response object."""
+    """A finished answer as the Response object, made once per request (the body, the stream's
+    last event and the stored copy are the same object)."""
+    if turn.answer is None:
+        turn.answer = _from_fold(turn, fold)
+    return turn.answer
+
+
+def _from_fold(turn: Turn, fold: Fold) -> dict[str, Any]:
     items, status, incomplete = output_of(turn, fold)
     model = fold.opened.model if fold.opened is not None else None
     if fold.failed is not None:
@@ -675,8 +683,12 @@ async def keep(ticket: Ticket, fold: Fold) -> None:
         input_items=turn.input_items, history=turn.history)
 
 
+# One encoder for every event: json.dumps with options builds a new one per call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return b"event: " + kind.encode() + b"\ndata: " + _encode(data).encode() + b"\n\n"
 
 
 class StreamRenderer:
@@ -696,6 +708,9 @@ class StreamRenderer:
         self._items: list[dict[str, Any]] = []  # as streamed so far
         self._open: dict[str, Any] | None = None  # the item open now
         self._part: dict[str, Any] | None = None  # its open content part (a message's)
+        self._pieces: list[str] = []  # the open part's text so far
+        self._text: list[str] = []  # text not folded yet
+        self._delta_head = b""  # an output_text.delta event up to its delta, while one is open
         self._messages = 0
         self._calls = 0
 
@@ -711,16 +726,36 @@ class StreamRenderer:
         if self._started:
             return b""
         self._started = True
-        return (self._event("response.created", response=self._snapshot("in_progress"))
-                + self._event("response.in_progress", response=self._snapshot("in_progress")))
+        snapshot = _encode(self._snapshot("in_progress")).encode()  # written once, sent twice
+        out = b""
+        for kind in ("response.created", "response.in_progress"):
+            out += (b"event: " + kind.encode() + b'\ndata: {"type":"' + kind.encode()
+                    + b'","response":' + snapshot + b',"sequence_number":'
+                    + str(self._seq).encode() + b"}\n\n")
+            self._seq += 1
+        return out
 
     def render(self, event: Event) -> bytes:
+        if isinstance(event, TextDelta) and event.index == 0:
+            logprobs = (event.logprobs or {}).get("content") if self._turn.logprobs else None
+            if logprobs:
+                self._fold_text()
+                self._fold.add(event)
+            else:
+                self._text.append(event.text)  # folded later, at once (`_fold_text`)
+            if not event.text:
+                return self._start()
+            if self._delta_head and not logprobs:  # the common case, written directly
+                self._pieces.append(event.text)
+                seq = self._seq
+                self._seq += 1
+                return (self._delta_head + _encode(event.text).encode()
+                        + b',"logprobs":[],"sequence_number":' + str(seq).encode() + b"}\n\n")
+            return self._start() + self._content("output_text", event.text, logprobs)
+        self._fold_text()
         self._fold.add(event)
         out = self._start()
-        if isinstance(event, TextDelta) and event.index == 0 and event.text:
-            logprobs = (event.logprobs or {}).get("content") if self._turn.logprobs else None
-            out += self._content("output_text", event.text, logprobs)
-        elif isinstance(event, OtherDelta) and event.index == 0 and isinstance(
+        if isinstance(event, OtherDelta) and event.index == 0 and isinstance(
                 event.fields.get("refusal"), str) and event.fields["refusal"]:
             out += self._content("refusal", event.fields["refusal"], None)
         elif isinstance(event, ToolCallDelta) and event.index == 0:
@@ -733,8 +768,16 @@ class StreamRenderer:
                 error=error_json(event)))
         return out
 
+    def _fold_text(self) -> None:
+        """The text since the last fold, as one delta (a fold per token costs more than the
+        token's event)."""
+        if self._text:
+            self._fold.add(TextDelta(0, "".join(self._text)))
+            self._text = []
+
     def done(self) -> bytes:
         out = self._start()
+        self._fold_text()
         final = from_fold(self._turn, self._fold)
         item_status = "incomplete" if final["status"] == "incomplete" else "completed"
         out += self._close(item_status)
@@ -762,22 +805,24 @@ class StreamRenderer:
             out += self._close_part()
             self._part = _text_content("", []) if kind == "output_text" else {
                 "type": "refusal", "refusal": ""}
+            self._pieces = []
             item["content"].append(self._part)
-            out += self._event("response.content_part.added", item_id=item["id"],
-                               output_index=len(self._items) - 1,
-                               content_index=len(item["content"]) - 1,
-                               part=_text_content("", []) if kind == "output_text"
-                               else {"type": "refusal", "refusal": ""})
+            where = {"item_id": item["id"], "output_index": len(self._items) - 1,
+                     "content_index": len(item["content"]) - 1}
+            out += self._event("response.content_part.added", **where, part=self._part)
+            if kind == "output_text":
+                head = _encode({"type": "response.output_text.delta", **where})
+                self._delta_head = (b"event: response.output_text.delta\ndata: "
+                                    + head[:-1].encode() + b',"delta":')
         if empty:
             return out
         where = {"item_id": item["id"], "output_index": len(self._items) - 1,
                  "content_index": len(item["content"]) - 1}
+        self._pieces.append(delta)
         if kind == "output_text":
-            self._part["text"] += delta
             self._part["logprobs"] += list(logprobs or [])
             return out + self._event("response.output_text.delta", **where, delta=delta,
                                      logprobs=list(logprobs or []))
-        self._part["refusal"] += delta
         return out + self._event("response.refusal.delta", **where, delta=delta)
 
     def _call(self, event: ToolCallDelta) -> bytes:
@@ -802,13 +847,16 @@ class StreamRenderer:
         self._items.append(item)
         self._open = item
         return self._event("response.output_item.added", output_index=len(self._items) - 1,
-                           item=json.loads(json.dumps(item)))
+                           item=item)  # written now, before the item changes
 
     def _close_part(self) -> bytes:
         part, item = self._part, self._open
         if part is None or item is None:
             return b""
         self._part = None
+        self._delta_head = b""
+        part["text" if part["type"] == "output_text" else "refusal"] = "".join(self._pieces)
+        self._pieces = []
         where = {"item_id": item["id"], "output_index": len(self._items) - 1,
                  "content_index": len(item["content"]) - 1}
         if part["type"] == "output_text":
