@@ -400,6 +400,18 @@ async def test_a_function_call_round_trip_continues_the_stored_conversation(serv
             temperature=0, input=[{"type": "function_call_output", "call_id": call.call_id,
                                    "output": "12:00"}])
         assert second.previous_response_id == first.id and second.output_text
+        # a call streamed (asked anew, not from the cache): the SDK folds its deltas
+        async with sdk.responses.stream(
+                model="tiny", input="And in Berlin?", tools=[NOW],
+                tool_choice={"type": "function", "name": "now"}, temperature=0,
+                store=False) as stream:
+            kinds = [event.type async for event in stream]
+            streamed = await stream.get_final_response()
+        assert "response.function_call_arguments.delta" in kinds
+        assert "response.function_call_arguments.done" in kinds
+        (again,) = [item for item in streamed.output if item.type == "function_call"]
+        assert again.name == "now" and json.loads(again.arguments)["tz"] in ("UTC", "CET")
+        assert again.call_id.startswith("call_") and again.status == "completed"
         # the history (first input, the call, its output) reached the model
         assert second.usage.input_tokens > first.usage.input_tokens
         third = await sdk.responses.create(model="tiny", previous_response_id=second.id,
