@@ -237,7 +237,7 @@ class AsyncLLMEngine:
             if queue is not None:
                 queue.put_nowait(output.error if isinstance(output, _Refused) else output)
 
-    # ---- requests that arrive while a step runs (LLMEngine.Arrivals) -----------------------
+    # ---- requests that arrive while a step runs (engine.interjection.Arrivals) -------------
 
     def admit(self, engine: LLMEngine) -> None:
         """In the step thread, between two layers: enqueue the adds at the head of the queue

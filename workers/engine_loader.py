@@ -1,7 +1,7 @@
 """Loading an engine's parts from `EngineArgs`: the model folder, tokenizer, config, weights.
 
-Apart from the engine core so that the core stays plain Python over a runner it is handed
-(tests build one over any runner), and so that importing it loads no torch or transformers.
+Apart from the core, which steps whatever runner it is handed: this is where transformers
+and the runner's torch come in, imported when a model is loaded, not when this is imported.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Where the text is made depends on the caller, for a reason each. The serving pat
 token deltas and detokenizes them here, off the step thread (`with_text`, used by
 `workers/client.py`), as vLLM v1 does. A request that asks the engine to detokenize
 (`SamplingParams.detokenize`, the offline `LLM`'s default) has its stream fed in the step
-(`LLMEngine._accept`), so that a stop string ends the sample on the very token that completed
+(`StopChecker.check`), so that a stop string ends the sample on the very token that completed
 it, before a speculating step's later tokens are kept; `request_output` then reads it.
 """
 
