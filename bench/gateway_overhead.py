@@ -1,4 +1,4 @@
-"""Gateway overhead: direct to a mock upstream vs through Switchboard vs through LiteLLM Proxy.
+"""Gateway overhead: direct to a mock upstream vs through Switchboard, LiteLLM Proxy and Portkey.
 
 Run from the repository root (one command, everything in one run):
 
@@ -15,7 +15,11 @@ What it does:
      key (so auth, rate limits, budget reservation and usage metering all run), served by
      uvicorn with the connection limits, or by granian with ``--server granian``;
    - ``litellm``: LiteLLM Proxy 1.106.0 from its own venv (``bench/litellm_peer.py`` says what
-     its DB-less config has on), created on first use.
+     its DB-less config has on), created on first use;
+   - ``portkey``: Portkey's open-source gateway 1.15.2 on Node, npm-installed into
+     ``bench/.portkey`` on first use (``bench/portkey_peer.py``: the upstream is named per
+     request in ``x-portkey-*`` headers and the client sends the upstream key; it has no keys,
+     limits or metering of its own).
    It checks one plain and one streamed request (and, through a proxy, that the mock saw the
    server-side upstream key), then measures concurrency 1, 32 and 128, non-streamed and
    streamed (``stream_options.include_usage``).
@@ -34,7 +38,7 @@ the rest (``--no-pin`` turns that off). The CPU time of the load generator, the 
 system under test is measured for every run, so the table shows whether the client or the mock
 starved anything.
 
-If the gateway (or LiteLLM) cannot be started, the others are still measured and the JSON and
+If the gateway (or a peer) cannot be started, the others are still measured and the JSON and
 the table say why that system is missing.
 """
 
@@ -60,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench import litellm_peer  # noqa: E402
+from bench import litellm_peer, portkey_peer  # noqa: E402
 from bench.gateway_procs import (  # noqa: E402
     Pinning,
     ServerProcess,
@@ -68,12 +72,12 @@ from bench.gateway_procs import (  # noqa: E402
     http_request,
     post_json,
 )
-from bench.machine import cpu_model  # noqa: E402
+from bench.machine import cpu_family_model, cpu_model, simd_flags  # noqa: E402
 
 MODEL = "mock-model"
 UPSTREAM_KEY = litellm_peer.UPSTREAM_KEY
 GATEWAY_HEADER = "x-gateway-overhead-ms"
-SYSTEMS = ("direct", "gateway", "litellm")
+SYSTEMS = ("direct", "gateway", "litellm", "portkey")
 CONCURRENCIES = (1, 32, 128)
 TARGET_ADDED_P50_MS = 2.0
 TARGET_RPS_RATIO = 3.0
@@ -108,6 +112,11 @@ class Target:
     self_header: str | None = None
     server: ServerProcess | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] | None = None  # sent instead of ``Authorization: Bearer api_key``
+
+    def request_headers(self) -> dict[str, str]:
+        return dict(self.headers) if self.headers is not None else {
+            "Authorization": f"Bearer {self.api_key}"}
 
 
 def python() -> str:
@@ -157,7 +166,7 @@ def gateway_env(tmp: Path, server: str = "uvicorn") -> dict[str, str]:
         "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'gw.db'}",
         "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
         "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
-        "SWITCHBOARD_EMBEDDED_MODEL": "none",
+        "SWITCHBOARD_EMBEDDED__MODEL": "none",
         "SWITCHBOARD_DEPLOYMENTS_FILE": str(tmp / "deployments.yaml"),
         "SWITCHBOARD_LOG_LEVEL": "warning",
         "HF_HUB_OFFLINE": "1",
@@ -248,13 +257,42 @@ def start_litellm(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
                   litellm_peer.SELF_REPORTED_HEADER, server, info)
 
 
+def start_portkey(tmp: Path, mock: ServerProcess, pin: Pinning) -> Target:
+    """Ensure Portkey's npm install, start its Node server; the upstream goes in headers."""
+    pk_tmp = tmp / "portkey"
+    pk_tmp.mkdir()
+    if not portkey_peer.installed_marker().exists():
+        print(f"portkey: npm-installing {portkey_peer.PACKAGE}@{portkey_peer.PORTKEY_VERSION} "
+              f"into {portkey_peer.DIR} (first use)", flush=True)
+    entry = portkey_peer.ensure_installed(log=pk_tmp / "install.log")
+    port = free_port()
+    argv = pin.wrap(pin.server, portkey_peer.command(entry, port))
+    server = ServerProcess("portkey", argv, port, pk_tmp / "serve.log", cwd=pk_tmp)
+    server.start()
+    try:
+        ready_s = server.wait_ready(portkey_peer.HEALTH_PATH, 120)
+    except Exception:
+        server.stop()
+        raise
+    info = {"versions": portkey_peer.versions(), "ready_s": round(ready_s, 2),
+            "command": shlex.join(portkey_peer.command(entry, port)),
+            "on": "provider openai with a custom host per request (x-portkey-provider, "
+                  "x-portkey-custom-host), body mapped to the provider's and back, "
+                  "x-portkey-* response headers",
+            "off_in_open_source_gateway": "keys of its own, rate limits, budgets, usage "
+                                          "metering (the client sends the upstream key)"}
+    return Target("portkey", server.url, UPSTREAM_KEY, portkey_peer.SELF_REPORTED_HEADER,
+                  server, info, headers=portkey_peer.headers(mock.url + "/v1", UPSTREAM_KEY))
+
+
 # ----------------------------------------------------------------------------- checks
 
 
 def probe(target: Target, mock: ServerProcess) -> dict[str, Any]:
     """One plain and one streamed request; raises if either is not a proper answer."""
     url = target.base_url + "/v1/chat/completions"
-    status, headers, body = post_json(url, chat_body(False), target.api_key)
+    sent = target.request_headers()
+    status, headers, body = post_json(url, chat_body(False), None, headers=sent)
     if status != 200:
         raise RuntimeError(f"{target.name}: POST /v1/chat/completions -> {status}: {body[:500]!r}")
     reply = json.loads(body)
@@ -266,7 +304,9 @@ def probe(target: Target, mock: ServerProcess) -> dict[str, Any]:
         _, _, seen = http_request("GET", mock.url + "/_last_request")
         auth = json.loads(seen or b"{}").get("headers", {}).get("authorization")
         checks["upstream_saw_server_key"] = auth == f"Bearer {UPSTREAM_KEY}"
-    status, _, body = post_json(url, chat_body(True), target.api_key)
+        if target.headers is not None:  # Portkey: the client sent the upstream key itself
+            checks["upstream_key_sent_by_client"] = True
+    status, _, body = post_json(url, chat_body(True), None, headers=sent)
     text = body.decode(errors="replace")
     if status != 200 or not text.rstrip().endswith("data: [DONE]"):
         raise RuntimeError(f"{target.name}: stream -> {status}: {text[-500:]!r}")
@@ -304,11 +344,16 @@ def metering_check(target: Target, answered: int, polls: int = 20) -> dict[str, 
 
 
 def run_loadgen(target: Target, stream: bool, concurrency: int, settings: Settings,
-                pin: Pinning) -> dict[str, Any]:
-    """One measurement in a fresh load-generator process; its JSON result."""
-    return loadgen(target.base_url + "/v1/chat/completions", chat_body(stream),
-                   {"Authorization": f"Bearer {target.api_key}"}, concurrency, settings, pin,
-                   collect=target.self_header)
+                pin: Pinning, path: str = "/v1/chat/completions",
+                body: dict[str, Any] | None = None,
+                headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """One measurement in a fresh load-generator process; its JSON result.
+
+    By default a chat completion with the target's own headers; ``path``, ``body`` and
+    ``headers`` measure another surface (``bench/surfaces_overhead.py``)."""
+    return loadgen(target.base_url + path, chat_body(stream) if body is None else body,
+                   target.request_headers() if headers is None else headers, concurrency,
+                   settings, pin, collect=target.self_header)
 
 
 def loadgen(url: str, body: dict[str, Any], headers: dict[str, str], concurrency: int,
@@ -333,12 +378,14 @@ def loadgen(url: str, body: dict[str, Any], headers: dict[str, str], concurrency
 
 
 def measure(target: Target, mock: ServerProcess, stream: bool, concurrency: int,
-            settings: Settings, pin: Pinning) -> dict[str, Any]:
-    """Run one measurement and add the CPU time the servers spent on it."""
+            settings: Settings, pin: Pinning, **request: Any) -> dict[str, Any]:
+    """Run one measurement and add the CPU time the servers spent on it.
+
+    ``request`` (path, body, headers) goes to ``run_loadgen``: another surface than chat."""
     servers = [mock] + ([target.server] if target.server is not None else [])
     before = [s.cpu_seconds() for s in servers]
     t0 = time.monotonic()
-    res = run_loadgen(target, stream, concurrency, settings, pin)
+    res = run_loadgen(target, stream, concurrency, settings, pin, **request)
     call_s = time.monotonic() - t0
     spent = [s.cpu_seconds() - b for s, b in zip(servers, before, strict=True)]
     served = res["completed"] + res["warmup"]["completed"]
@@ -404,16 +451,24 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"target": f"gateway added latency p50 at c=1 ({mode})",
                     "value_ms": added, "limit_ms": TARGET_ADDED_P50_MS,
                     "met": None if added is None else added <= TARGET_ADDED_P50_MS})
-        gw, ll = by.get(("gateway", stream, 32)), by.get(("litellm", stream, 32))
-        ratio = gw["rps"] / ll["rps"] if gw and ll and ll["rps"] > 0 else None
-        out.append({"target": f"gateway RPS at c=32 vs LiteLLM ({mode})",
-                    "value_ratio": None if ratio is None else round(ratio, 2),
-                    "limit_ratio": TARGET_RPS_RATIO,
-                    "met": None if ratio is None else ratio >= TARGET_RPS_RATIO})
+        for peer, label in (("litellm", "LiteLLM"), ("portkey", "Portkey")):
+            gw, other = by.get(("gateway", stream, 32)), by.get((peer, stream, 32))
+            ratio = gw["rps"] / other["rps"] if gw and other and other["rps"] > 0 else None
+            entry: dict[str, Any] = {"target": f"gateway RPS at c=32 vs {label} ({mode})",
+                                     "value_ratio": None if ratio is None else round(ratio, 2)}
+            if peer == "litellm":  # issue 3's bar; Portkey is a comparison without one
+                entry.update(limit_ratio=TARGET_RPS_RATIO,
+                             met=None if ratio is None else ratio >= TARGET_RPS_RATIO)
+            else:
+                entry.update(limit_ratio=None, met=None, comparison=True)
+            out.append(entry)
     return out
 
 
 def target_line(t: dict[str, Any]) -> str:
+    if t.get("comparison"):
+        value = "-" if t["value_ratio"] is None else f"{t['value_ratio']:.2f}x"
+        return f"comparison: {t['target']}: {value}"
     if t["met"] is None:
         return f"target: {t['target']}: not evaluated (a system was not measured)"
     value = (f"{t['value_ms']:.3f} ms (<= {t['limit_ms']} ms)" if "value_ms" in t
@@ -454,6 +509,7 @@ def machine() -> dict[str, Any]:
     import psutil
 
     return {"cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+            "cpu_family_model": cpu_family_model(), "cpu_flags": simd_flags(),
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
             "platform": platform.platform(), "python": platform.python_version(),
             "hostname": platform.node()}
@@ -497,8 +553,9 @@ def report(result: dict[str, Any]) -> str:
         out.append(f"load generator: {result['loadgen']}; its CPU use per run "
                    f"{min(shares) * 100:.0f}%..{max(shares) * 100:.0f}% of one core")
     out.append(f"pinning: {result['pinning']['description']}")
-    out.append(f"machine: {result['machine']['cpu_count']} CPUs, "
-               f"{result['machine']['cpu_model']}; date {result['date']}; load average "
+    m = result["machine"]
+    out.append(f"machine: {m['cpu_count']} CPUs, {m['cpu_model']}, {m['cpu_family_model']} "
+               f"({' '.join(m['cpu_flags'])}); date {result['date']}; load average "
                f"{result['load_average_start'][0]} at start, "
                f"{result['load_average_end'][0]} at end")
     return "\n".join(out)
@@ -511,7 +568,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="short measurements (~3 s each)")
     p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help="comma-separated subset of direct,gateway,litellm")
+                   help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCIES)))
     p.add_argument("--requests", type=int, help="requests per measurement (upper bound)")
     p.add_argument("--duration", type=float, help="seconds per measurement (upper bound)")
@@ -542,7 +599,7 @@ def is_standard(args: argparse.Namespace) -> bool:
             and args.concurrency == ",".join(map(str, CONCURRENCIES)))
 
 
-STARTERS = {"gateway": start_gateway, "litellm": start_litellm}
+STARTERS = {"gateway": start_gateway, "litellm": start_litellm, "portkey": start_portkey}
 
 
 def run_system(name: str, tmp: Path, mock: ServerProcess, concurrencies: list[int],

@@ -160,8 +160,11 @@ def http_request(method: str, url: str, body: bytes | None = None,
 
 
 def post_json(url: str, payload: dict[str, Any], api_key: str | None,
-              timeout_s: float = 30.0) -> tuple[int, dict[str, str], bytes]:
-    headers = {"Content-Type": "application/json"}
+              timeout_s: float = 30.0, headers: dict[str, str] | None = None
+              ) -> tuple[int, dict[str, str], bytes]:
+    """POST JSON with the key as a bearer token (if any) and any further ``headers``."""
+    sent = {"Content-Type": "application/json"}
     if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    return http_request("POST", url, json.dumps(payload).encode(), headers, timeout_s)
+        sent["Authorization"] = f"Bearer {api_key}"
+    sent.update(headers or {})
+    return http_request("POST", url, json.dumps(payload).encode(), sent, timeout_s)

@@ -17,6 +17,12 @@ LiteLLM allows without its PostgreSQL database:
 - metering: per-request cost from ``model_info`` prices (``x-litellm-response-cost``, and the
   key's running spend in ``x-litellm-key-spend``); nothing is persisted without the DB.
 
+Its ``/v1/messages`` (Anthropic Messages, ``bench/surfaces_overhead.py``) would go to an
+``openai/`` deployment's Responses API (``/v1/responses``), which the mock, like most
+OpenAI-compatible upstreams, does not serve; the environment variable
+``LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES`` makes it translate to chat
+completions instead, as the gateway does. It changes nothing else.
+
 Logging is turned down with ``LITELLM_LOG=ERROR`` (the CLI passes it to uvicorn, which then
 drops its access log) and the model cost map is the local one (``LITELLM_LOCAL_MODEL_COST_MAP``),
 so nothing reaches for the network.
@@ -111,7 +117,8 @@ def litellm_env(base: dict[str, str] | None = None) -> dict[str, str]:
         env.pop(name, None)
     env.update({"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR",
                 "HF_HUB_OFFLINE": "1", "NO_DOCS": "True", "NO_REDOC": "True",
-                "DISABLE_ADMIN_UI": "True"})
+                "DISABLE_ADMIN_UI": "True",
+                "LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES": "True"})
     return env
 
 

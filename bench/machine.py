@@ -11,6 +11,14 @@ def cpu_model() -> str:
     return line.split(":", 1)[1].strip() if line else "unknown"
 
 
+def cpu_family_model() -> str | None:
+    """``lscpu``'s "family F model M" (what tells CPU generations apart behind one name)."""
+    family, model = cpuinfo_line("cpu family"), cpuinfo_line("model\t")
+    if not family or not model:
+        return None
+    return f"family {family.split(':', 1)[1].strip()} model {model.split(':', 1)[1].strip()}"
+
+
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
               "amx_tile", "amx_bf16")
 
