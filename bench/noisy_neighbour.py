@@ -120,7 +120,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         env = gateway_env(tmp)
-        env["SWITCHBOARD_EMBEDDED_MODEL"] = "default"
+        env["SWITCHBOARD_EMBEDDED__MODEL"] = "default"
         env["SWITCHBOARD_EMBEDDING_MODEL"] = "none"
         (tmp / "deployments.yaml").write_text("deployments: []\n")
         gateway_cli(["migrate"], env)

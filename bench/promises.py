@@ -110,7 +110,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         env = gateway_env(tmp)
-        env["SWITCHBOARD_EMBEDDED_MODEL"] = "default"
+        env["SWITCHBOARD_EMBEDDED__MODEL"] = "default"
         env["SWITCHBOARD_EMBEDDING_MODEL"] = "default"
         (tmp / "deployments.yaml").write_text("deployments: []\n")
         gateway_cli(["migrate"], env)

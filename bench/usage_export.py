@@ -172,7 +172,7 @@ async def create_admin_key(url: str, tmp: Path) -> str:
 
 def env_for(url: str, tmp: Path) -> dict[str, str]:
     return {**os.environ, "SWITCHBOARD_DATABASE_URL": url, "SWITCHBOARD_SECRET_KEY": SECRET,
-            "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"), "SWITCHBOARD_EMBEDDED_MODEL": "none",
+            "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"), "SWITCHBOARD_EMBEDDED__MODEL": "none",
             "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
             "SWITCHBOARD_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
 

@@ -45,8 +45,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     chosen = {"host": args.host, "port": args.port, "server": args.server}
     settings = settings.model_copy(update={k: v for k, v in chosen.items() if v is not None})
-    if refused := _refuse_model(settings.embedded_model, "SWITCHBOARD_EMBEDDED_MODEL"):
-        return refused
+    for name, spec in settings.embedded_engines().items():
+        if refused := _refuse_model(spec.model, f"{name} model"):
+            return refused
     if settings.server == "granian":  # its worker process reads the environment
         os.environ["SWITCHBOARD_SERVER"] = "granian"
         os.environ["SWITCHBOARD_HOST"] = settings.host

@@ -6,12 +6,41 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from workers.config import SERVING_DEFAULTS, EngineArgs
+
+
+class EmbeddedModel(EngineArgs):
+    """An engine embedded in the gateway: its engine arguments (declared once, in
+    `EngineArgs`, with the serving defaults), and how the gateway offers it."""
+
+    model: str | None = Field(
+        "default", description='"default" (the bundled SmolLM2), a model folder, or "none"')
+    name: str = "smollm2-135m-instruct"  # the model name clients ask for
+    tier: str = "economy"
+    # USD per 1M tokens (budgets need a price to bite)
+    input_price_per_1m: Decimal = Decimal("0.05")
+    output_price_per_1m: Decimal = Decimal("0.10")
+    shared_prefix_cache: bool = False  # share prefix-cache KV across tenants
+    tool_call_parser: Literal["hermes", "llama3_json"] = "hermes"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _serving(cls, data: Any) -> Any:
+        return {**SERVING_DEFAULTS, **data} if isinstance(data, dict) else data
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        kwargs = super().engine_kwargs()
+        if kwargs["model"] == "default":
+            kwargs["model"] = None  # the bundled model
+        return kwargs
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="SWITCHBOARD_", extra="ignore",
+                                      env_nested_delimiter="__")
 
     # Persistence: SQLite is the embedded default; PostgreSQL via postgresql+asyncpg://...
     database_url: str = "sqlite+aiosqlite:///./switchboard.db"
@@ -25,44 +54,15 @@ class Settings(BaseSettings):
 
     # Deployments: a YAML file (see docs/gateway.md), plus the embedded engine unless disabled.
     deployments_file: Path | None = None
-    embedded_model: str = "default"  # "default" (bundled SmolLM2), a path, or "none"
-    embedded_model_name: str = "smollm2-135m-instruct"
-    embedded_device: str | None = None
-    # None: the engine's default (float32 on CPU, bfloat16 on CUDA). On a CPU with AMX,
-    # bfloat16 made 2.3x float32's standard-workload tok/s (docs/benchmarks.md).
-    embedded_dtype: Literal["float32", "bfloat16"] | None = None
-    embedded_kv_cache_memory: int | None = None
-    embedded_max_num_seqs: int = 64
-    # Prompt tokens one request may prefill per step while others wait (0: no cap).
-    embedded_long_prefill_token_threshold: int = 512
-    # fair: the least-served tenant's requests first, by plan weight; fcfs: arrival order.
-    embedded_scheduling_policy: Literal["fair", "fcfs"] = "fair"
-    # While several tenants have had work in the last 10 s, the longest a step's prompt chunks
-    # may take (0: no limit); docs/engine.md "Scheduling".
-    embedded_shared_step_s: float = Field(default=0.25, ge=0.0, le=60.0)
-    # Another tenant's request of at most this many prompt tokens runs between two layers of
-    # the step in flight (0: never; None: 256 on CPU, 0 on CUDA); docs/engine.md.
-    embedded_interject_tokens: int | None = Field(default=None, ge=0, le=1 << 20)
-    # int8: weights as int8 with per-channel scales; KV as int8 with per-token scales
-    # (docs/engine.md, "Quantization")
-    embedded_quantization: Literal["none", "int8"] = "none"
-    # The dtype int8 weights multiply in; auto: bfloat16 on a CPU with bfloat16 dot products
-    embedded_int8_compute: Literal["auto", "model", "bfloat16"] = "auto"
-    embedded_kv_cache_dtype: Literal["auto", "int8"] = "auto"
-    # Speculative decoding, e.g. {"method": "ngram", "num_tokens": 4} (JSON in the env var);
-    # None: off (docs/engine.md, "Speculative decoding")
-    embedded_speculative: dict[str, Any] | None = None
-    embedded_tool_call_parser: str = "hermes"  # hermes | llama3_json
-    # Price of the embedded model per 1M tokens, in USD (budgets need a price to bite).
-    embedded_input_price_per_1m: Decimal = Decimal("0.05")
-    embedded_output_price_per_1m: Decimal = Decimal("0.10")
-    embedded_tier: str = "economy"
-    embedded_shared_prefix_cache: bool = False  # share prefix-cache KV across tenants
-    # Tenants' LoRA adapters on the embedded engine (docs/gateway.md, "LoRA adapters").
-    embedded_enable_lora: bool = True
-    embedded_max_loras: int = 4  # adapters in device slots at once
-    embedded_max_lora_rank: int = 16
-    embedded_max_cpu_loras: int | None = None  # loaded copies in host memory; None: 4 * max_loras
+    # The engine embedded in this process (`EmbeddedModel`: every engine argument of
+    # `workers.config.EngineArgs`, and how the gateway offers it), e.g.
+    # SWITCHBOARD_EMBEDDED__MAX_NUM_SEQS=32, SWITCHBOARD_EMBEDDED__MODEL=none (off).
+    embedded: EmbeddedModel = Field(default_factory=lambda: EmbeddedModel())
+    # More engines in this process, each with its own KV budget, name and tier (an economy and
+    # a standard model without a second process): a JSON list of the same fields, e.g.
+    # [{"model": "/models/qwen3", "name": "qwen3", "tier": "standard",
+    #   "kv_cache_memory": 1073741824}].
+    embedded_models: list[EmbeddedModel] = Field(default_factory=list)
     # POST /v1/embeddings from an embedding model in this process (docs/gateway.md,
     # "Embeddings"): "default" (the bundled all-MiniLM-L6-v2), a model folder, or "none".
     embedding_model: str = "default"
@@ -188,11 +188,11 @@ class Settings(BaseSettings):
     console_session_ttl_s: float = 8 * 3600.0  # a sign-in lasts this long, then sign in again
     console_max_sessions: int = 10_000  # per process; the oldest session goes first
 
-    @field_validator("embedded_speculative")
-    @classmethod
-    def _speculative(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        """Refuse a bad speculative setting at start, not when the engine first loads."""
-        from workers.engine.speculative import SpeculativeConfig
-
-        SpeculativeConfig.parse(value)
-        return value
+    def embedded_engines(self) -> dict[str, EmbeddedModel]:
+        """The embedded engines by deployment name ("embedded", then "embedded-<name>"),
+        those switched on."""
+        engines = {"embedded": self.embedded} if self.embedded.model != "none" else {}
+        for extra in self.embedded_models:
+            if extra.model != "none":
+                engines[f"embedded-{extra.name}"] = extra
+        return engines

@@ -123,26 +123,10 @@ class GatewayState:
 
         if engine is not None:
             return EmbeddedDeployment(config, engine)
-        model = config.upstream_model
-        return EmbeddedDeployment(config, AsyncLLMEngine(
-            None if model in (None, "default") else model,
-            device=self.settings.embedded_device,
-            dtype=self.settings.embedded_dtype,
-            kv_cache_memory=self.settings.embedded_kv_cache_memory,
-            max_num_seqs=self.settings.embedded_max_num_seqs,
-            long_prefill_token_threshold=self.settings.embedded_long_prefill_token_threshold,
-            scheduling_policy=self.settings.embedded_scheduling_policy,
-            shared_step_s=self.settings.embedded_shared_step_s,
-            interject_tokens=self.settings.embedded_interject_tokens,
-            quantization=self.settings.embedded_quantization,
-            int8_compute=self.settings.embedded_int8_compute,
-            kv_cache_dtype=self.settings.embedded_kv_cache_dtype,
-            speculative=self.settings.embedded_speculative,
-            enable_lora=self.settings.embedded_enable_lora,
-            max_loras=self.settings.embedded_max_loras,
-            max_lora_rank=self.settings.embedded_max_lora_rank,
-            max_cpu_loras=self.settings.embedded_max_cpu_loras,
-        ))
+        spec = self.settings.embedded_engines().get(config.name)
+        if spec is None:  # a `provider: embedded` entry of the deployments file
+            spec = self.settings.embedded.model_copy(update={"model": config.upstream_model})
+        return EmbeddedDeployment(config, AsyncLLMEngine(**spec.engine_kwargs()))
 
 
 async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None,
@@ -191,7 +175,8 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
     configs, aliases = _configured(settings, engine)
     templates = [c for c in configs if c.discover]
     for config in (c for c in configs if not c.discover):
-        deployment = state.build_deployment(config, engine)
+        deployment = state.build_deployment(
+            config, engine if config.name == "embedded" else None)
         await deployment.start()
         await state.record_price(deployment)
         state.deployments.add(deployment)
@@ -242,15 +227,18 @@ def _configured(settings: Settings, engine: AsyncLLMEngine | None
                 ) -> tuple[list[DeploymentConfig], list[AliasConfig]]:
     configs = []
     aliases: list[AliasConfig] = []
-    if settings.embedded_model != "none" or engine is not None:
+    engines = settings.embedded_engines()
+    if engine is not None and "embedded" not in engines:  # an engine handed in (tests, bench)
+        engines = {"embedded": settings.embedded, **engines}
+    for name, spec in engines.items():
         configs.append(DeploymentConfig(
-            name="embedded", model_name=settings.embedded_model_name, provider="embedded",
-            upstream_model=settings.embedded_model, tier=settings.embedded_tier,
-            input_price_per_1m=settings.embedded_input_price_per_1m,
-            output_price_per_1m=settings.embedded_output_price_per_1m,
-            capabilities=Capabilities(adapters=settings.embedded_enable_lora),
-            shared_prefix_cache=settings.embedded_shared_prefix_cache,
-            tool_call_parser=settings.embedded_tool_call_parser,
+            name=name, model_name=spec.name, provider="embedded",
+            upstream_model=spec.model, tier=spec.tier,
+            input_price_per_1m=spec.input_price_per_1m,
+            output_price_per_1m=spec.output_price_per_1m,
+            capabilities=Capabilities(adapters=spec.enable_lora),
+            shared_prefix_cache=spec.shared_prefix_cache,
+            tool_call_parser=spec.tool_call_parser,
         ))
     if settings.embedding_model != "none":
         configs.append(DeploymentConfig(

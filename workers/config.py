@@ -25,8 +25,9 @@ class EngineArgs(BaseModel):
 
     model: str | None = Field(None, description="HF folder or .gguf (None: bundled SmolLM2)")
     tokenizer: str | None = Field(None, description="tokenizer folder (default: the model's)")
-    dtype: str | None = Field(None, description="float32 or bfloat16 (default: float32 on "
-                                                "CPU, bfloat16 on CUDA)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="weights and activations (default: float32 on CPU, bfloat16 on "
+                          "CUDA)")
     device: str | None = Field(None, description="cpu or cuda (default: cuda where present)")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV block")
     kv_cache_memory: int | None = Field(None, ge=1, description="KV pool bytes")
@@ -84,7 +85,8 @@ class EngineArgs(BaseModel):
     kv_cache_dtype: Literal["auto", "int8"] = Field(
         "auto", description="KV cache: the model dtype, or int8 with a scale per token and "
                             "head")
-    speculative: Any = Field(
+    # A mapping (or a `SpeculativeConfig`); JSON in an environment variable or a flag.
+    speculative: dict[str, Any] | Any = Field(
         None, description='speculative decoding as JSON, e.g. {"method": "ngram", '
                           '"num_tokens": 4} (docs/engine.md)')
 

@@ -114,7 +114,7 @@ def test_gateways_share_one_database_redis_and_secrets(services: dict[str, Any])
     assert env["SWITCHBOARD_DATABASE_URL"] == \
         services["migrate"]["environment"]["SWITCHBOARD_DATABASE_URL"]
     assert env["SWITCHBOARD_REDIS_URL"] == "redis://redis:6379/0"
-    assert env["SWITCHBOARD_EMBEDDED_MODEL"] == "none"
+    assert env["SWITCHBOARD_EMBEDDED__MODEL"] == "none"
     # Secrets come from the operator's environment; compose refuses to start without them.
     for key in ("SWITCHBOARD_SECRET_KEY", "SWITCHBOARD_WORKER_SECRET",
                 "SWITCHBOARD_METRICS_TOKEN"):

@@ -177,7 +177,7 @@ def test_gateway_and_migrations(base: list[dict[str, Any]], secret: dict[str, An
     assert container["args"] == ["switchboard", "serve", "--host", "0.0.0.0", "--port", "8000"]
     env = configmaps["switchboard-gateway-env"]["data"]
     assert env["SWITCHBOARD_MIGRATE_ON_START"] == "false"
-    assert env["SWITCHBOARD_EMBEDDED_MODEL"] == "none"
+    assert env["SWITCHBOARD_EMBEDDED__MODEL"] == "none"
     # Replicas wait for the migrate Job's schema instead of migrating themselves.
     [init] = gateway["spec"]["template"]["spec"]["initContainers"]
     assert init["command"][:2] == ["switchboard-probe", "schema"]

@@ -24,12 +24,15 @@ def gateway_env(db_url: str, tmp_path: Path, **settings: Any) -> dict[str, str]:
         "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
         "SWITCHBOARD_DATABASE_URL": db_url, "SWITCHBOARD_SECRET_KEY": SECRET,
         "SWITCHBOARD_SECRET_FILE": str(tmp_path / "secret"),
-        "SWITCHBOARD_EMBEDDED_MODEL": "none", "SWITCHBOARD_EMBEDDING_MODEL": "none",
+        "SWITCHBOARD_EMBEDDED__MODEL": "none", "SWITCHBOARD_EMBEDDING_MODEL": "none",
         "SWITCHBOARD_LOG_LEVEL": "warning",
         "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp_path / "outbox"),
     })
     for name, value in settings.items():
-        if value is not None:
+        if isinstance(value, dict):  # a nested setting: SWITCHBOARD_<NAME>__<FIELD>
+            env.update({f"SWITCHBOARD_{name.upper()}__{k.upper()}": str(v)
+                        for k, v in value.items()})
+        elif value is not None:
             env[f"SWITCHBOARD_{name.upper()}"] = str(value)
     return env
 

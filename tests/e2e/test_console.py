@@ -88,8 +88,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterat
         upgrade(db_url)
         admin, tenant, tenant_id = asyncio.run(_seed(db_url, tmp))
         env = gateway_env(db_url, tmp, usage_flush_interval_s=0.1, auth_poll_interval_s=0.2,
-                          embedded_model="default", embedding_model="default",
-                          embedded_kv_cache_memory=128 << 20,
+                          embedded={"model": "default", "kv_cache_memory": 128 << 20},
+                          embedding_model="default",
                           deployments_file=write_deployments(
                               tmp, [mock_deployment(upstream.base_url)]))
         gateway = Gateway(env, tmp / "gateway.log")

@@ -50,7 +50,7 @@ def live(tmp_path_factory, smollm2_path) -> Iterator[Live]:
            "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
            "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
            "SWITCHBOARD_LOG_LEVEL": "warning",  # stdout is a pipe read only up to the key
-           "SWITCHBOARD_EMBEDDED_KV_CACHE_MEMORY": str(128 << 20)}
+           "SWITCHBOARD_EMBEDDED__KV_CACHE_MEMORY": str(128 << 20)}
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)

@@ -112,9 +112,12 @@ def priced_deployment(name: str, mock: MockServerThread, price: str, **more: Any
 
 
 def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
+    """Test settings: no model loads unless asked for (an engine handed to `create_app`
+    serves as "embedded"); `embedded` overrides are fields over that."""
+    embedded = {"model": "none", **overrides.pop("embedded", {})}
     values: dict[str, Any] = {
         "database_url": db_url, "secret_key": SECRET, "secret_file": tmp_path / "secret",
-        "embedded_model": "none", "embedding_model": "none",
+        "embedded": embedded, "embedding_model": "none",
         "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
         "usage_outbox_dir": tmp_path / "outbox", "files_dir": tmp_path / "files",
         **overrides,

@@ -36,8 +36,9 @@ async def world(sqlite_url, tmp_path, tiny_llama_path) -> AsyncIterator[tuple[An
     routing = tmp_path / "routing.yaml"
     routing.write_text(yaml.safe_dump({"deployments": [
         engine("gpu-1", tiny_llama_path, "2"), engine("gpu-2", tiny_llama_path, "1")]}))
-    cfg = settings(sqlite_url, tmp_path, deployments_file=routing, embedded_device="cpu",
-                   embedded_kv_cache_memory=8 << 20, adapter_dir=tmp_path / "adapters")
+    cfg = settings(sqlite_url, tmp_path, deployments_file=routing,
+                   embedded={"device": "cpu", "kv_cache_memory": 8 << 20},
+                   adapter_dir=tmp_path / "adapters")
     tenant = await seed_tenant(sqlite_url, tmp_path, name="initech")
     admin = bearer(await admin_key(sqlite_url, tmp_path))
     app = create_app(cfg)

@@ -120,7 +120,7 @@ async def world(sqlite_url, tmp_path, tiny_llama_path) -> AsyncIterator[World]:
     b = await seed_tenant(sqlite_url, tmp_path, name="umbrella")
     admin = bearer(await admin_key(sqlite_url, tmp_path))
     adapter_dir = tmp_path / "adapters"
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name=BASE, adapter_dir=adapter_dir)
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": BASE}, adapter_dir=adapter_dir)
     engine = tiny_engine(tiny_llama_path)
     app = create_app(cfg, engine=engine)
     async with in_process(app) as client:
@@ -389,7 +389,7 @@ async def test_refused_adapters_leave_no_row_and_no_files(world, peft_dirs):
 async def test_uploads_have_their_own_size_limit(sqlite_url, tmp_path, tiny_llama_path,
                                                  peft_dirs):
     a = await seed_tenant(sqlite_url, tmp_path, name="initech")
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name=BASE, max_body_bytes=1024,
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": BASE}, max_body_bytes=1024,
                    max_adapter_upload_bytes=4096, adapter_dir=tmp_path / "adapters")
     async with gateway_client(cfg, engine=tiny_engine(tiny_llama_path)) as client:
         r = await upload(client, "/v1/adapters/upload", bearer(a.key), peft_dirs["good"],
@@ -488,7 +488,7 @@ async def test_another_replica_follows_adapter_changes(db_url, tmp_path, tiny_ll
     within a poll, and a re-created name is served with its new files there too."""
     a = await seed_tenant(db_url, tmp_path, name="initech")
     admin = bearer(await admin_key(db_url, tmp_path))
-    cfg = settings(db_url, tmp_path, embedded_model_name=BASE, auth_poll_interval_s=0.1,
+    cfg = settings(db_url, tmp_path, embedded={"name": BASE}, auth_poll_interval_s=0.1,
                    adapter_dir=tmp_path / "adapters")
     async with gateway_client(cfg, engine=tiny_engine(tiny_llama_path)) as x, \
             gateway_client(cfg, engine=tiny_engine(tiny_llama_path)) as y:

@@ -17,7 +17,7 @@ from workers.client import EmbeddedClient
 async def world(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
     tenant = await seed_tenant(sqlite_url, tmp_path, name="t", plan={"rpm": 2})
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"})
     seen: list[str] = []
     gate = threading.Event()
     gate.set()
@@ -94,7 +94,7 @@ async def flood(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
     hostile = await seed_tenant(sqlite_url, tmp_path, name="hostile", plan={"rpm": 1})
     normal = await seed_tenant(sqlite_url, tmp_path, name="normal")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"})
     parsed: list[int] = []
     real = request_path.parse_body
 

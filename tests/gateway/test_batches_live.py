@@ -35,7 +35,7 @@ def jsonl(rows: list[dict[str, Any]]) -> bytes:
 
 
 def batch_cfg(sqlite_url: str, tmp_path: Path, **overrides: Any) -> Settings:
-    return settings(sqlite_url, tmp_path, embedded_model_name=MODEL,
+    return settings(sqlite_url, tmp_path, embedded={"name": MODEL},
                     batch_poll_interval_s=0.2, **overrides)
 
 

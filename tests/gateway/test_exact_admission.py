@@ -102,12 +102,12 @@ SEEN: list[str] = []
 
 
 async def serve_burst(sqlite_url, tmp_path, engine, backend: str, plan: dict, prompt: str,
-                      **overrides) -> tuple[list[int], list[int], tuple[int, int, int]]:
+                      **prices) -> tuple[list[int], list[int], tuple[int, int, int]]:
     tenant = await seed_tenant(sqlite_url, tmp_path, name=f"t{uuid.uuid4().hex[:6]}",
                                plan=plan)
     SEEN.append(tenant.tenant_id)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny",
-                   **limiter_settings(backend), **overrides)
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny", **prices},
+                   **limiter_settings(backend))
     app = create_app(cfg, engine=engine)
     with live(cfg, app) as port:
         served, refused = await burst(port, tenant.key, prompt)
@@ -132,7 +132,7 @@ async def test_a_burst_overshoots_the_budget_by_at_most_one_request(
     cap = 2000  # micro-USD; at $1 per 1M tokens a request here costs about 450
     served, refused, (rows, _, cost) = await serve_burst(
         sqlite_url, tmp_path, engine, backend, {"budget_micros": cap}, PROMPTS[alphabet],
-        embedded_input_price_per_1m=Decimal("1"), embedded_output_price_per_1m=Decimal("1"))
+        input_price_per_1m=Decimal("1"), output_price_per_1m=Decimal("1"))
     assert served and refused and set(refused) == {429}
     assert rows == len(served)
     one_request = max(served)  # micro-USD per token is 1 here

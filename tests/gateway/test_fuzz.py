@@ -77,7 +77,7 @@ def gateway(tmp_path_factory, tokenizer, mock_upstream) -> Iterator[Gateway]:
     model = build_tiny_llama(tmp_path / "tiny", tokenizer, max_position_embeddings=128)
     db_url = f"sqlite+aiosqlite:///{tmp_path / 'fuzz.db'}"
     upgrade(db_url)
-    cfg = support.settings(db_url, tmp_path, embedded_model_name="tiny",
+    cfg = support.settings(db_url, tmp_path, embedded={"name": "tiny"},
                            deployments_file=support.write_deployments(
                                tmp_path, [support.mock_deployment(mock_upstream.base_url)]))
     with LoopThread() as loop:

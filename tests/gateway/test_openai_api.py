@@ -21,7 +21,7 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 async def gw(sqlite_url, tmp_path, tiny_llama_path, mock_upstream):
     tenant = await seed_tenant(sqlite_url, tmp_path, name="acme",
                                plan={"rpm": 1000, "tpm": 1_000_000})
-    cfg = mock_settings(sqlite_url, tmp_path, mock_upstream.base_url, embedded_model_name="tiny")
+    cfg = mock_settings(sqlite_url, tmp_path, mock_upstream.base_url, embedded={"name": "tiny"})
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20,
                             max_num_seqs=16)
     async with gateway_client(cfg, engine=engine) as client:

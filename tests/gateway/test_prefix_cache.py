@@ -13,7 +13,7 @@ async def test_cached_tokens_are_reported_per_tenant(sqlite_url, tmp_path, tiny_
     a = await seed_tenant(sqlite_url, tmp_path, name="a")
     b = await seed_tenant(sqlite_url, tmp_path, name="b")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"})
 
     async def ask(client, key: str, question: str) -> dict:
         r = await client.post("/v1/chat/completions", headers=bearer(key), json={
@@ -44,8 +44,7 @@ async def test_shared_prefix_cache_is_an_explicit_setting(sqlite_url, tmp_path, 
     a = await seed_tenant(sqlite_url, tmp_path, name="a")
     b = await seed_tenant(sqlite_url, tmp_path, name="b")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny",
-                   embedded_shared_prefix_cache=True)
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny", "shared_prefix_cache": True})
     body = {"model": "tiny", "max_tokens": 2, "messages": [
         {"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]}
     async with gateway_client(cfg, engine=engine) as client:

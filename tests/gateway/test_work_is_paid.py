@@ -51,7 +51,7 @@ async def test_a_client_leaving_mid_prefill_pays_for_the_prompt_computed(sqlite_
     tenant = await seed_tenant(sqlite_url, tmp_path, name="leaver")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20,
                             max_num_batched_tokens=CHUNK)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"})
     prompt = list(range(100, 100 + 24 * CHUNK))
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0}
     async with gateway_client(cfg, engine=engine) as client:

@@ -43,7 +43,7 @@ async def test_bad_configs_and_weights_are_400_and_good_uploads_are_private(
         sqlite_url, tmp_path, tiny_llama_path, good_adapter):
     tenant = await seed_tenant(sqlite_url, tmp_path, name="uploader")
     adapter_dir = tmp_path / "adapters"
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name=BASE, adapter_dir=adapter_dir)
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": BASE}, adapter_dir=adapter_dir)
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20,
                             enable_lora=True, max_loras=2, max_lora_rank=8)
     config = json.loads((good_adapter / "adapter_config.json").read_text())

@@ -31,7 +31,7 @@ def _residency(html: str, name: str) -> str:
 async def test_adapters_and_workers_pages(sqlite_url, tmp_path, tiny_llama_path, peft_dir):
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20,
                             enable_lora=True, max_loras=4, max_lora_rank=16)
-    async with console(sqlite_url, tmp_path, engine=engine, embedded_model_name=BASE,
+    async with console(sqlite_url, tmp_path, engine=engine, embedded={"name": BASE},
                        adapter_dir=tmp_path / "adapters") as c:
         r = await c.post("/console/tenants", {"name": "acme", "plan_id": "__new__"})
         tenant_id = r.headers["location"].rsplit("/", 1)[1]

@@ -31,7 +31,7 @@ async def test_every_kind_of_deployment_renders(sqlite_url, tmp_path, tiny_llama
          "base_url": f"http://127.0.0.1:{free_port()}"},  # nothing listens: unreachable
     ])
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    async with console(sqlite_url, tmp_path, engine=engine, embedded_model_name="tiny",
+    async with console(sqlite_url, tmp_path, engine=engine, embedded={"name": "tiny"},
                        embedding_model="default", deployments_file=routing) as c:
         for path in ("/console/workers", "/console/workers/panel"):
             r = await c.client.get(path)

@@ -17,7 +17,7 @@ async def test_long_requests_finish_and_never_trip_the_breaker(sqlite_url, tmp_p
     heavy = await seed_tenant(sqlite_url, tmp_path, name="heavy")
     light = await seed_tenant(sqlite_url, tmp_path, name="light")
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny",
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"},
                    route_budget_s=BUDGET_S, breaker_failure_threshold=1)
 
     def body(max_tokens: int) -> dict:

@@ -305,7 +305,7 @@ async def served(sqlite_url, tmp_path, tiny_llama_path, monkeypatch):
     tenant = await seed_tenant(sqlite_url, tmp_path, name="codex", plan={"rpm": 1000})
     other = await seed_tenant(sqlite_url, tmp_path, name="other", plan={"rpm": 1000})
     engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=32 << 20)
-    cfg = settings(sqlite_url, tmp_path, embedded_model_name="tiny")
+    cfg = settings(sqlite_url, tmp_path, embedded={"name": "tiny"})
     with live(cfg, create_app(cfg, engine=engine)) as port:
         yield f"http://127.0.0.1:{port}/v1", tenant, other
 
