@@ -34,7 +34,7 @@ from gateway.routes import (
 from gateway.routes.admin import router as admin_router
 from gateway.settings import Settings
 from gateway.state import close_state, open_state
-from tenancy.service import ConflictError, InvalidError, NotFoundError, ServiceError
+from tenancy.errors import ConflictError, InvalidError, NotFoundError, ServiceError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

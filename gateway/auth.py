@@ -20,7 +20,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.errors import forbidden, unauthorized
 from gateway.lookup import LookupCache
-from tenancy import service
+from tenancy.admin_keys import load_admin_context
+from tenancy.api_keys import load_key_context
+from tenancy.auth_state import auth_version
 from tenancy.context import AdminContext, KeyContext
 from tenancy.keys import parse_key, verify_secret
 from workers.periodic import Periodic
@@ -62,7 +64,7 @@ class KeyCache:
         parsed = parse_key(bearer_token(authorization))
         if parsed is None or parsed.admin:
             raise unauthorized("Incorrect API key provided.")
-        ctx = await self._lookup(self._tenant, parsed.key_id, service.load_key_context)
+        ctx = await self._lookup(self._tenant, parsed.key_id, load_key_context)
         if ctx is None or not verify_secret(self.pepper, parsed.secret, ctx.secret_hash):
             raise unauthorized("Incorrect API key provided.")
         reason = ctx.usable(time.time())
@@ -77,7 +79,7 @@ class KeyCache:
         long after the request that created the batch): the same cache, and the same 401/403
         as `tenant` once the key is revoked or expired or its tenant suspended. No secret is
         checked: it is not kept."""
-        ctx = await self._lookup(self._tenant, key_id, service.load_key_context)
+        ctx = await self._lookup(self._tenant, key_id, load_key_context)
         if ctx is None:
             raise unauthorized("The API key that created this batch no longer exists.")
         reason = ctx.usable(time.time())
@@ -93,7 +95,7 @@ class KeyCache:
             raise unauthorized("Incorrect API key provided.")
         if not parsed.admin:
             raise forbidden("This endpoint needs an admin key.")
-        ctx = await self._lookup(self._admin, parsed.key_id, service.load_admin_context)
+        ctx = await self._lookup(self._admin, parsed.key_id, load_admin_context)
         if ctx is None or ctx.revoked or not verify_secret(
             self.pepper, parsed.secret, ctx.secret_hash
         ):
@@ -135,7 +137,7 @@ class AuthWatcher:
 
     async def check(self) -> None:
         async with self._sessionmaker() as session:
-            version = await service.auth_version(session)
+            version = await auth_version(session)
         if version != self.version:
             self.version = version
             for cache in self._caches:

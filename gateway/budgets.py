@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing.ledger import spent_by_tenant
 from gateway.admission import period_start, tenant_budget
-from tenancy import service
 from tenancy.limits import Budget, Limiter
+from tenancy.plans import budgeted_tenants
 from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ async def ledger_spend(sessionmaker: async_sessionmaker[AsyncSession], now: date
     """(tenant, cap, period, spent this period) for every budgeted tenant, from the daily
     aggregates: the same source invoices read."""
     async with sessionmaker() as session:
-        tenants = await service.budgeted_tenants(session)
+        tenants = await budgeted_tenants(session)
         spent = {period: await spent_by_tenant(session, since=period_start(period, now).date())
                  for period in {p for _, _, p in tenants}}
     return [(tenant, cap, period, spent[period].get(tenant, 0))

@@ -14,9 +14,11 @@ from pathlib import PurePath
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from tenancy.auth_state import commit_mutation
 from tenancy.context import AdapterContext
+from tenancy.errors import ConflictError, InvalidError, NotFoundError
+from tenancy.fields import NAME_MAX, check_name
 from tenancy.models import Adapter, Tenant
-from tenancy.service import ConflictError, InvalidError, NotFoundError, check_name, commit_mutation
 
 # Names and aliases appear in URL paths and in model ids ("<base>:<name>"), so on top of the
 # usual name rules they are plain tokens: no ':' (the separator), no '/', no spaces.
@@ -27,7 +29,7 @@ MAX_PATH_LENGTH = 4096
 
 def is_adapter_token(value: str) -> bool:
     """Whether `value` could be an adapter name or alias (callers skip lookups otherwise)."""
-    return len(value) <= 200 and _TOKEN.fullmatch(value) is not None
+    return len(value) <= NAME_MAX and _TOKEN.fullmatch(value) is not None
 
 
 def check_adapter_name(name: str, what: str = "adapter") -> str:
@@ -42,7 +44,7 @@ def check_alias(alias: str | None) -> str | None:
         return None
     if not isinstance(alias, str) or not is_adapter_token(alias.strip()):
         raise InvalidError(f"adapter alias may contain only {_TOKEN_RULE} (no ':'), "
-                           "at most 200 characters")
+                           f"at most {NAME_MAX} characters")
     return alias.strip()
 
 

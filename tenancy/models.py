@@ -28,13 +28,16 @@ from sqlalchemy.orm import Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from tenancy.db import Base
+from tenancy.fields import (
+    BUDGET_PERIOD,
+    CACHE_MODE,
+    ENGINE_WEIGHT,
+    NAME_MAX,
+    PRIORITY,
+    TENANT_STATUS,
+)
 
 KEY_ID_LENGTH = 12
-BUDGET_PERIODS = ("month", "day")
-TENANT_STATUSES = ("active", "suspended")
-# off: never; auto: exact cache only for deterministic requests (temperature 0 or a seed);
-# exact: exact cache for every request; semantic: exact cache plus the semantic cache.
-CACHE_MODES = ("off", "auto", "exact", "semantic")
 # How a usage record's answer was served: generated, or from the exact or semantic cache.
 CACHE_HITS = ("none", "exact", "semantic")
 AUTH_STATE_ID = 1
@@ -86,19 +89,18 @@ class Plan(Base):
     """Limits, allowed models/tiers and a spend cap shared by the tenants on it.
 
     Every limit is optional: None means unlimited (or "all" for the allow-lists). The cache
-    settings' None means "the gateway's default".
+    settings' None means "the gateway's default". What each setting means and its bounds:
+    tenancy/fields.py, which the CHECK constraints below are built from.
     """
 
     __tablename__ = "plans"
     __table_args__ = (
-        CheckConstraint("budget_period IN ('month', 'day')", name="budget_period"),
-        CheckConstraint("cache_mode IN ('off', 'auto', 'exact', 'semantic')", name="cache_mode"),
-        CheckConstraint("engine_weight > 0 AND engine_weight <= 100", name="engine_weight"),
-        CheckConstraint("priority BETWEEN -10 AND 10", name="priority"),
+        *(CheckConstraint(field.sql_check(), name=field.name)
+          for field in (BUDGET_PERIOD, CACHE_MODE, ENGINE_WEIGHT, PRIORITY)),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True)
     rpm: Mapped[int | None] = mapped_column(Integer)
     tpm: Mapped[int | None] = mapped_column(Integer)
     max_concurrent: Mapped[int | None] = mapped_column(Integer)
@@ -109,22 +111,22 @@ class Plan(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # Response caching (server defaults too: rows that predate migration 0003 get them).
     cache_mode: Mapped[str] = mapped_column(String(8), default="auto", server_default="auto")
-    semantic_threshold: Mapped[float | None] = mapped_column(Float)  # cosine, in (0, 1]
+    semantic_threshold: Mapped[float | None] = mapped_column(Float)  # cosine similarity
     cache_ttl_s: Mapped[int | None] = mapped_column(Integer)
-    # Share (0..100) of the normal price charged for an answer served from cache.
+    # Percent of the normal price charged for an answer served from cache.
     cache_hit_price_percent: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Markup (positive) or discount (negative) on every price, in basis points: 2000 = +20%.
     price_markup_bp: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The tenants' place in the engines' fair-share scheduler (workers/engine/fair_share.py):
-    # a share of engine tokens relative to other tenants' weights, in (0, 100]; and, within
-    # the tenant, the order (-10..10, lower first), also the most urgent a request may ask.
+    # a share of engine tokens relative to other tenants' weights; and, within the tenant,
+    # the order (lower first), also the most urgent a request may ask.
     engine_weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The most input tokens one embeddings request may embed (None: the deployment's bound);
     # it can only lower a deployment's bound (gateway/deployments/embedding.py).
     embedding_max_request_tokens: Mapped[int | None] = mapped_column(Integer)
-    # Share (0..100) of the normal price charged for a line of a batch (the Batch API); 50
-    # as OpenAI's discount. Rows that predate migration 0008 get the default.
+    # Percent of the normal price charged for a line of a batch (the Batch API); 50 as
+    # OpenAI's discount. Rows that predate migration 0008 get the default.
     batch_price_percent: Mapped[int] = mapped_column(Integer, default=50, server_default="50")
 
 
@@ -132,10 +134,10 @@ class Tenant(Base):
     """A customer: owns API keys and usage, bound to one plan."""
 
     __tablename__ = "tenants"
-    __table_args__ = (CheckConstraint("status IN ('active', 'suspended')", name="status"),)
+    __table_args__ = (CheckConstraint(TENANT_STATUS.sql_check(), name=TENANT_STATUS.name),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True)
     plan_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("plans.id", ondelete="RESTRICT"), index=True
     )
@@ -156,7 +158,7 @@ class ApiKey(Base):
     tenant_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("tenants.id", ondelete="CASCADE"), index=True
     )
-    name: Mapped[str] = mapped_column(String(200), default="")
+    name: Mapped[str] = mapped_column(String(NAME_MAX), default="")
     secret_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -174,7 +176,7 @@ class AdminKey(Base):
     __tablename__ = "admin_keys"
 
     id: Mapped[str] = mapped_column(String(KEY_ID_LENGTH), primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), default="")
+    name: Mapped[str] = mapped_column(String(NAME_MAX), default="")
     secret_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
@@ -195,10 +197,10 @@ class Adapter(Base):
     tenant_id: Mapped[str] = mapped_column(
         String(32), ForeignKey("tenants.id", ondelete="CASCADE")
     )
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(NAME_MAX))
     base_model: Mapped[str] = mapped_column(String(512))
     path: Mapped[str] = mapped_column(String(4096))
-    alias: Mapped[str | None] = mapped_column(String(200))
+    alias: Mapped[str | None] = mapped_column(String(NAME_MAX))
     pinned: Mapped[bool] = mapped_column(Boolean, default=False)
     uploaded: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

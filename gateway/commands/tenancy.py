@@ -21,22 +21,22 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.schemas.admin import AdminKeyOut, KeyOut, PlanOut, TenantOut
 from gateway.settings import Settings
-from tenancy import service
+from tenancy import admin_keys, api_keys, fields, plans, tenants
 from tenancy.db import make_engine, make_sessionmaker
+from tenancy.errors import ServiceError
+from tenancy.fields import Choice, Names, Number
 from tenancy.keys import load_or_create_pepper
-from tenancy.models import CACHE_MODES, AdminKey, ApiKey, Plan, Tenant, utcnow
+from tenancy.models import AdminKey, ApiKey, Plan, Tenant, utcnow
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 Action = Callable[[AsyncSession, argparse.Namespace, Settings], Awaitable[Any]]
-
-MICROS_PER_USD = 1_000_000
 
 
 class CommandError(Exception):
     """A user-facing failure: printed as `error: <message>` with exit code 1."""
 
 
-# --- argument types -----------------------------------------------------------------------
+# --- flags from tenancy.fields ------------------------------------------------------------
 
 
 def _name_list(value: str) -> list[str]:
@@ -44,55 +44,14 @@ def _name_list(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0: {value!r}")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    number = _non_negative_int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1: {value!r}")
-    return number
-
-
-def _percent(value: str) -> int:
-    number = _non_negative_int(value)
-    if number > 100:
-        raise argparse.ArgumentTypeError(f"must be in [0, 100]: {value!r}")
-    return number
-
-
-def _above_zero_up_to(high: float) -> Callable[[str], float]:
-    """A number in (0, high] (NaN fails the test too)."""
-    def parse(value: str) -> float:
+def _number(field: Number) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
         try:
-            number = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {value!r}") from None
-        if not 0 < number <= high:
-            raise argparse.ArgumentTypeError(f"must be in (0, {high:g}]: {value!r}")
-        return number
+            return field.parse(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
     return parse
-
-
-_threshold = _above_zero_up_to(1)  # a cosine similarity
-_engine_weight = _above_zero_up_to(100)  # a share of engine tokens, relative to others'
-
-
-def _priority(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if not -10 <= number <= 10:
-        raise argparse.ArgumentTypeError(f"must be in [-10, 10]: {value!r}")
-    return number
 
 
 def _usd_to_micros(value: str) -> int:
@@ -100,9 +59,10 @@ def _usd_to_micros(value: str) -> int:
         usd = Decimal(value)
     except InvalidOperation:
         raise argparse.ArgumentTypeError(f"not an amount in USD: {value!r}") from None
-    if not usd.is_finite() or usd < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative amount: {value!r}")
-    return int((usd * MICROS_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
+    if not usd.is_finite() or not 0 <= usd <= fields.BUDGET_USD_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be an amount from 0 to {fields.BUDGET_USD_MAX}: {value!r}")
+    return fields.usd_to_micros(usd, rounding=ROUND_HALF_UP)
 
 
 def _positive_days(value: str) -> float:
@@ -115,13 +75,37 @@ def _positive_days(value: str) -> float:
     return days
 
 
+# The allow-lists' flags are shorter than their fields' names.
+_FLAGS = {"allowed_models": "--models", "allowed_tiers": "--tiers",
+          "allowed_adapters": "--adapters"}
+
+
+def _add_setting(parser: argparse.ArgumentParser, field: Number | Choice | Names, *,
+                 help: str = "") -> None:
+    """A plan's, tenant's or key's setting as a flag: its type, bounds, default and help are
+    the field's declaration; the value lands in `args.<field name>`."""
+    flag = _FLAGS.get(field.name) or "--" + field.name.replace("_", "-")
+    text = help or field.help
+    if isinstance(field, Number):
+        default = f"default: {field.unset}" if field.nullable else f"default {field.default:g}"
+        parser.add_argument(flag, dest=field.name, type=_number(field), default=field.default,
+                            help=f"{text}, in {field.interval} ({default})".replace("%", "%%"))
+    elif isinstance(field, Choice):
+        parser.add_argument(flag, dest=field.name, choices=field.options,
+                            default=field.default, help=text)
+    else:
+        parser.add_argument(flag, dest=field.name, type=_name_list, metavar="NAMES",
+                            help=f"{text}, comma-separated")
+
+
 # --- JSON views (never include secret hashes) ---------------------------------------------
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:
     """A plan as printed by the CLI: the admin API's view, plus the budget in USD."""
     data = PlanOut.model_validate(plan).model_dump(mode="json")
-    data["budget_usd"] = None if plan.budget_micros is None else plan.budget_micros / MICROS_PER_USD
+    micros = plan.budget_micros
+    data["budget_usd"] = None if micros is None else micros / fields.MICROS_PER_USD
     return data
 
 
@@ -167,7 +151,7 @@ def _handler(action: Action) -> Handler:
     def handler(args: argparse.Namespace, settings: Settings) -> int:
         try:
             result = asyncio.run(_run_with_session(action, args, settings))
-        except (CommandError, service.ServiceError) as exc:
+        except (CommandError, ServiceError) as exc:
             return _fail(str(exc))
         except SQLAlchemyError as exc:
             detail = str(getattr(exc, "orig", None) or exc).splitlines()[0]
@@ -184,9 +168,9 @@ def _pepper(settings: Settings) -> bytes:
 
 
 async def _resolve_tenant(session: AsyncSession, ref: str) -> Tenant:
-    tenant = await service.get_tenant(session, tenant_id=ref)
+    tenant = await tenants.get_tenant(session, tenant_id=ref)
     if tenant is None:
-        tenant = await service.get_tenant_by_name(session, name=ref)
+        tenant = await tenants.get_tenant_by_name(session, name=ref)
     if tenant is None:
         raise CommandError(f"no tenant with id or name {ref!r}")
     return tenant
@@ -210,55 +194,38 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _plans_create(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
-    plan = await service.create_plan(
-        session,
-        name=args.name,
-        rpm=args.rpm,
-        tpm=args.tpm,
-        max_concurrent=args.max_concurrent,
-        budget_micros=args.budget_usd,
-        budget_period=args.budget_period,
-        allowed_models=args.models,
-        allowed_tiers=args.tiers,
-        cache_mode=args.cache_mode,
-        semantic_threshold=args.semantic_threshold,
-        cache_ttl_s=args.cache_ttl_s,
-        cache_hit_price_percent=args.cache_hit_price_percent,
-        engine_weight=args.engine_weight,
-        priority=args.priority,
-        embedding_max_request_tokens=args.embedding_max_request_tokens,
-        batch_price_percent=args.batch_price_percent,
-    )
+    settings = {name: getattr(args, name) for name in fields.PLAN_SETTINGS}
+    plan = await plans.create_plan(session, name=args.name, **settings)
     return plan_json(plan)
 
 
 async def _plans_list(session: AsyncSession, _args: argparse.Namespace, _: Settings) -> Any:
-    return [plan_json(plan) for plan in await service.list_plans(session)]
+    return [plan_json(plan) for plan in await plans.list_plans(session)]
 
 
 # --- tenants ------------------------------------------------------------------------------
 
 
 async def _tenants_create(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
-    plan = await service.get_plan_by_name(session, name=args.plan)
+    plan = await plans.get_plan_by_name(session, name=args.plan)
     if plan is None:
-        plan = await service.get_plan(session, plan_id=args.plan)
+        plan = await plans.get_plan(session, plan_id=args.plan)
     if plan is None:
         raise CommandError(f"no plan named {args.plan!r} (see `switchboard plans list`)")
-    tenant = await service.create_tenant(
+    tenant = await tenants.create_tenant(
         session, name=args.name, plan_id=plan.id, semantic_threshold=args.semantic_threshold
     )
     return tenant_json(tenant)
 
 
 async def _tenants_list(session: AsyncSession, _args: argparse.Namespace, _: Settings) -> Any:
-    return [tenant_json(tenant) for tenant in await service.list_tenants(session)]
+    return [tenant_json(tenant) for tenant in await tenants.list_tenants(session)]
 
 
 def _set_status(status: str) -> Action:
     async def action(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
         tenant = await _resolve_tenant(session, args.tenant)
-        updated = await service.update_tenant(session, tenant_id=tenant.id, status=status)
+        updated = await tenants.update_tenant(session, tenant_id=tenant.id, status=status)
         if updated is None:  # deleted between the two statements
             raise CommandError(f"no tenant with id {tenant.id!r}")
         return tenant_json(updated)
@@ -274,17 +241,16 @@ async def _keys_create(session: AsyncSession, args: argparse.Namespace, settings
     expires_at = None
     if args.expires_in_days is not None:
         expires_at = utcnow() + timedelta(days=args.expires_in_days)
-    record, full_key = await service.create_api_key(
+    limits = {field.name: getattr(args, field.name) for field in fields.KEY_LIMITS}
+    record, full_key = await api_keys.create_api_key(
         session,
         tenant_id=tenant.id,
         pepper=_pepper(settings),
         name=args.name,
         expires_at=expires_at,
-        rpm=args.rpm,
-        tpm=args.tpm,
-        max_concurrent=args.max_concurrent,
-        allowed_models=args.models,
-        allowed_adapters=args.adapters,
+        allowed_models=args.allowed_models,
+        allowed_adapters=args.allowed_adapters,
+        **limits,
     )
     print("Store this key now: it is shown only once.", file=sys.stderr)
     return {**api_key_json(record), "key": full_key}
@@ -292,11 +258,11 @@ async def _keys_create(session: AsyncSession, args: argparse.Namespace, settings
 
 async def _keys_list(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
     tenant = await _resolve_tenant(session, args.tenant)
-    return [api_key_json(key) for key in await service.list_api_keys(session, tenant_id=tenant.id)]
+    return [api_key_json(key) for key in await api_keys.list_api_keys(session, tenant_id=tenant.id)]
 
 
 async def _keys_revoke(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
-    key = await service.revoke_api_key(session, key_id=args.key_id)
+    key = await api_keys.revoke_api_key(session, key_id=args.key_id)
     if key is None:
         raise CommandError(f"no key with id {args.key_id!r}")
     return api_key_json(key)
@@ -306,7 +272,7 @@ async def _keys_revoke(session: AsyncSession, args: argparse.Namespace, _: Setti
 
 
 async def _admin_create(session: AsyncSession, args: argparse.Namespace, settings: Settings) -> Any:
-    record, full_key = await service.create_admin_key(
+    record, full_key = await admin_keys.create_admin_key(
         session, pepper=_pepper(settings), name=args.name
     )
     print("Store this key now: it is shown only once.", file=sys.stderr)
@@ -314,11 +280,11 @@ async def _admin_create(session: AsyncSession, args: argparse.Namespace, setting
 
 
 async def _admin_list(session: AsyncSession, _args: argparse.Namespace, _: Settings) -> Any:
-    return [admin_key_json(key) for key in await service.list_admin_keys(session)]
+    return [admin_key_json(key) for key in await admin_keys.list_admin_keys(session)]
 
 
 async def _admin_revoke(session: AsyncSession, args: argparse.Namespace, _: Settings) -> Any:
-    key = await service.revoke_admin_key(session, key_id=args.key_id)
+    key = await admin_keys.revoke_admin_key(session, key_id=args.key_id)
     if key is None:
         raise CommandError(f"no admin key with id {args.key_id!r}")
     return admin_key_json(key)
@@ -327,82 +293,57 @@ async def _admin_revoke(session: AsyncSession, args: argparse.Namespace, _: Sett
 # --- parser -------------------------------------------------------------------------------
 
 
-def _add_limits(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--rpm", type=_non_negative_int, help="requests per minute")
-    parser.add_argument("--tpm", type=_non_negative_int, help="tokens per minute")
-    parser.add_argument("--max-concurrent", type=_non_negative_int, help="requests in flight")
-    parser.add_argument("--models", type=_name_list, help="allowed models, comma-separated")
-
-
 def register(subparsers: Any) -> None:
     """Add `migrate`, `plans`, `tenants`, `keys` and `admin-keys` to a CLI's subparsers."""
     migrate = subparsers.add_parser("migrate", help="create or upgrade the database schema")
     migrate.add_argument("--revision", default="head", help=argparse.SUPPRESS)
     migrate.set_defaults(func=_migrate)
 
-    plans = subparsers.add_parser("plans", help="manage plans").add_subparsers(
+    plan_actions = subparsers.add_parser("plans", help="manage plans").add_subparsers(
         dest="action", required=True, metavar="{create,list}"
     )
-    create = plans.add_parser("create", help="create a plan")
+    create = plan_actions.add_parser("create", help="create a plan")
     create.add_argument("--name", required=True)
-    _add_limits(create)
-    create.add_argument("--budget-usd", type=_usd_to_micros, help="spend cap per period, USD")
-    create.add_argument("--budget-period", choices=("month", "day"), default="month")
-    create.add_argument("--tiers", type=_name_list, help="allowed cost tiers, comma-separated")
-    create.add_argument("--cache-mode", choices=CACHE_MODES, default="auto",
-                        help="response cache: off, auto (deterministic requests only), exact, "
-                             "semantic (exact plus similar prompts)")
-    create.add_argument("--semantic-threshold", type=_threshold,
-                        help="cosine similarity in (0, 1] (default: the gateway's)")
-    create.add_argument("--cache-ttl-s", type=_positive_int,
-                        help="seconds a cached answer lives (default: the gateway's)")
-    create.add_argument("--cache-hit-price-percent", type=_percent, default=0,
-                        help="share of the normal price charged for a cached answer, 0-100")
-    create.add_argument("--batch-price-percent", type=_percent, default=50,
-                        help="share of the normal price charged for a line of a batch (the "
-                             "Batch API), 0-100 (default 50)")
-    create.add_argument("--engine-weight", type=_engine_weight, default=1.0,
-                        help="share of engine tokens relative to other tenants' weights, "
-                             "in (0, 100] (default 1)")
-    create.add_argument("--priority", type=_priority, default=0,
-                        help="order within the tenant, -10 to 10, lower first; also the most "
-                             "urgent a request may ask for (default 0)")
-    create.add_argument("--embedding-max-request-tokens", type=_positive_int,
-                        help="the most input tokens one embeddings request may embed; lowers "
-                             "a deployment's bound, never raises it (default: the "
-                             "deployment's)")
+    for field in fields.PLAN_SETTINGS.values():
+        if field is fields.BUDGET_MICROS:  # typed in USD
+            create.add_argument("--budget-usd", dest=field.name, type=_usd_to_micros,
+                                metavar="USD", help="spend cap per period, USD, from 0 to "
+                                f"{fields.BUDGET_USD_MAX} (default: unlimited)")
+        else:
+            _add_setting(create, field)
     create.set_defaults(func=_handler(_plans_create))
-    plans.add_parser("list", help="list plans").set_defaults(func=_handler(_plans_list))
+    plan_actions.add_parser("list", help="list plans").set_defaults(func=_handler(_plans_list))
 
-    tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(
+    tenant_actions = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(
         dest="action", required=True, metavar="{create,list,suspend,activate}"
     )
-    create = tenants.add_parser("create", help="create a tenant")
+    create = tenant_actions.add_parser("create", help="create a tenant")
     create.add_argument("--name", required=True)
     create.add_argument("--plan", required=True, help="plan name")
-    create.add_argument("--semantic-threshold", type=_threshold,
-                        help="overrides the plan's semantic-cache threshold, in (0, 1]")
+    _add_setting(create, fields.SEMANTIC_THRESHOLD,
+                 help="overrides the plan's semantic-cache threshold")
     create.set_defaults(func=_handler(_tenants_create))
-    tenants.add_parser("list", help="list tenants").set_defaults(func=_handler(_tenants_list))
+    tenant_actions.add_parser("list", help="list tenants").set_defaults(
+        func=_handler(_tenants_list))
     for action, status in (("suspend", "suspended"), ("activate", "active")):
-        parser = tenants.add_parser(action, help=f"mark a tenant {status}")
+        parser = tenant_actions.add_parser(action, help=f"mark a tenant {status}")
         parser.add_argument("tenant", metavar="TENANT_ID")
         parser.set_defaults(func=_handler(_set_status(status)))
 
-    keys = subparsers.add_parser("keys", help="manage tenant API keys").add_subparsers(
+    key_actions = subparsers.add_parser("keys", help="manage tenant API keys").add_subparsers(
         dest="action", required=True, metavar="{create,list,revoke}"
     )
-    create = keys.add_parser("create", help="create a key (printed once)")
+    create = key_actions.add_parser("create", help="create a key (printed once)")
     create.add_argument("--tenant", required=True, metavar="TENANT_ID")
     create.add_argument("--name", default="")
     create.add_argument("--expires-in-days", type=_positive_days)
-    _add_limits(create)
-    create.add_argument("--adapters", type=_name_list, help="allowed adapters, comma-separated")
+    for field in (*fields.KEY_LIMITS, fields.ALLOWED_MODELS, fields.ALLOWED_ADAPTERS):
+        _add_setting(create, field)
     create.set_defaults(func=_handler(_keys_create))
-    listing = keys.add_parser("list", help="list a tenant's keys")
+    listing = key_actions.add_parser("list", help="list a tenant's keys")
     listing.add_argument("--tenant", required=True, metavar="TENANT_ID")
     listing.set_defaults(func=_handler(_keys_list))
-    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke = key_actions.add_parser("revoke", help="revoke a key")
     revoke.add_argument("key_id", metavar="KEY_ID")
     revoke.set_defaults(func=_handler(_keys_revoke))
 

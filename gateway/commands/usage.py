@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing import export, invoices, reports
 from billing.money import usd
 from gateway.settings import Settings
-from tenancy import service
+from tenancy import tenants
 from tenancy.db import make_engine, make_sessionmaker
 
 Action = Callable[[AsyncSession, argparse.Namespace], Awaitable[int]]
@@ -143,9 +143,9 @@ def _print_json(data: Any) -> int:
 
 
 async def _tenant_id(session: AsyncSession, ref: str) -> str:
-    tenant = await service.get_tenant(session, tenant_id=ref)
+    tenant = await tenants.get_tenant(session, tenant_id=ref)
     if tenant is None:
-        tenant = await service.get_tenant_by_name(session, name=ref)
+        tenant = await tenants.get_tenant_by_name(session, name=ref)
     if tenant is None:
         raise CommandError(f"no tenant with id or name {ref!r}")
     return tenant.id

@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from gateway.console.sessions import ConsoleSession, ConsoleSessions
 from gateway.deps import StateDep
-from tenancy import service
+from tenancy.admin_keys import load_admin_context
 
 PREFIX = "/console"
 COOKIE = "sb_console"
@@ -96,7 +96,7 @@ async def signed_in(request: Request, state: StateDep) -> SignedIn:
     if session is None:
         raise LoginRequired
     async with state.sessionmaker() as db:
-        admin = await service.load_admin_context(db, key_id=session.admin_key_id)
+        admin = await load_admin_context(db, key_id=session.admin_key_id)
     if admin is None or admin.revoked:
         await store.end_admin(session.admin_key_id)
         raise LoginRequired

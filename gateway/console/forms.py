@@ -1,14 +1,14 @@
 """Reading HTML form fields into typed values, collecting one message per bad field.
 
 Browsers send every field as text (empty when left blank), so "blank" means "not set"
-(unlimited, all, no expiry). The service layer then applies its own rules; its messages are
-shown beside the form too.
+(unlimited, all, no expiry; a setting that always has a value takes its default). A setting's
+bounds come from its declaration in `tenancy.fields`, as the admin API's and the CLI's do. The
+data functions then apply their own rules; their messages are shown beside the form too.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -16,9 +16,18 @@ from typing import Any
 from starlette.datastructures import FormData, UploadFile
 
 from gateway.errors import APIError
-from tenancy.service import ServiceError
+from tenancy.errors import ServiceError
+from tenancy.fields import (
+    BUDGET_USD_MAX,
+    LIST_ITEM_MAX,
+    LIST_MAX,
+    MICROS_PER_USD,
+    NAME_MAX,
+    Choice,
+    Names,
+    Number,
+)
 
-INT32_MAX = 2**31 - 1
 _SPLIT = re.compile(r"[,\s]+")
 
 
@@ -41,7 +50,7 @@ class FormReader:
         value = self.data.get(name)
         return value.strip() if isinstance(value, str) else ""
 
-    def text(self, name: str, *, required: bool = False, max_len: int = 200,
+    def text(self, name: str, *, required: bool = False, max_len: int = NAME_MAX,
              label: str | None = None) -> str:
         value = self.raw(name)
         what = label or name.replace("_", " ")
@@ -53,37 +62,33 @@ class FormReader:
             self.errors[name] = f"The {what} contains a NUL character."
         return value
 
-    def integer(self, name: str, *, low: int = 1, high: int = INT32_MAX) -> int | None:
-        """Blank: None (no limit)."""
+    def setting(self, field: Number | Choice | Names) -> Any:
+        """A plan's or key's setting, read by its kind and checked against its bounds."""
+        if isinstance(field, Number):
+            return self.number(field)
+        if isinstance(field, Choice):
+            return self.choice(field)
+        return self.names(field.name)
+
+    def number(self, field: Number) -> Any:
+        """Blank: None where the setting may be unset (unlimited), else its default."""
+        name = field.name
         value = self.raw(name)
+        blank = None if field.nullable else field.default
         if not value:
-            return None
+            return blank
         try:
-            number = int(value)
+            number = field.kind(value)
         except ValueError:
-            self.errors[name] = "Enter a whole number, or leave it blank."
-            return None
-        if not low <= number <= high:
-            self.errors[name] = f"Enter a number from {low} to {high}, or leave it blank."
-            return None
+            self.errors[name] = ("Enter a whole number, or leave it blank." if field.kind is int
+                                 else "Enter a number, like 1 or 2.5, or leave it blank.")
+            return blank
+        if not field.contains(number):  # NaN and the infinities fail this too
+            self.errors[name] = f"Enter a number {field.range_words}, or leave it blank."
+            return blank
         return number
 
-    def weight(self, name: str, *, high: float, default: float) -> float:
-        """A finite number in (0, high]; blank: `default` (the field always has a value)."""
-        value = self.raw(name)
-        if not value:
-            return default
-        try:
-            number = float(value)
-        except ValueError:
-            self.errors[name] = "Enter a number, like 1 or 2.5, or leave it blank."
-            return default
-        if not 0 < number <= high:  # NaN and the infinities fail this too
-            self.errors[name] = f"Enter a number above 0 and at most {high:g}, or leave it blank."
-            return default
-        return number
-
-    def dollars(self, name: str, *, high: int = 10**9) -> int | None:
+    def dollars(self, name: str, *, high: int = BUDGET_USD_MAX) -> int | None:
         """A USD amount as integer micro-USD; blank: None."""
         value = self.raw(name).removeprefix("$")
         if not value:
@@ -96,7 +101,7 @@ class FormReader:
         if not amount.is_finite() or not 0 <= amount <= high:
             self.errors[name] = f"Enter an amount from 0 to {high} dollars."
             return None
-        micros = amount * 1_000_000
+        micros = amount * MICROS_PER_USD
         if micros != micros.to_integral_value():
             self.errors[name] = "Amounts go down to a millionth of a dollar."
             return None
@@ -108,16 +113,18 @@ class FormReader:
         if not value:
             return None
         items = list(dict.fromkeys(p for p in _SPLIT.split(value) if p))
-        if any(len(item) > 512 or "\x00" in item for item in items) or len(items) > 1000:
-            self.errors[name] = "Names are at most 512 characters, at most 1000 of them."
+        if (any(len(item) > LIST_ITEM_MAX or "\x00" in item for item in items)
+                or len(items) > LIST_MAX):
+            self.errors[name] = (f"Names are at most {LIST_ITEM_MAX} characters, at most "
+                                 f"{LIST_MAX} of them.")
             return None
         return items
 
-    def choice(self, name: str, options: Sequence[str], *, default: str | None = None
-               ) -> str | None:
-        value = self.raw(name) or default
-        if value not in options:
-            self.errors[name] = f"Pick one of: {', '.join(options)}."
+    def choice(self, field: Choice) -> str | None:
+        """Blank: the choice's default, where it has one."""
+        value = self.raw(field.name) or field.default
+        if value not in field.options:
+            self.errors[field.name] = f"Pick one of: {', '.join(field.options)}."
             return None
         return value
 

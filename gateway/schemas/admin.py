@@ -4,28 +4,54 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-# Limits are stored in INTEGER columns (32-bit on PostgreSQL).
-Limit = Annotated[int, Field(ge=1, le=2**31 - 1)] | None
+from tenancy import fields
+from tenancy.fields import (
+    BATCH_PRICE_PERCENT,
+    BUDGET_PERIOD,
+    BUDGET_PERIODS,
+    CACHE_HIT_PRICE_PERCENT,
+    CACHE_MODE,
+    CACHE_MODES,
+    ENGINE_WEIGHT,
+    PRICE_MARKUP_BP,
+    PRIORITY,
+    TENANT_STATUSES,
+)
+
+
+def _bounded(field: fields.Number) -> Any:
+    """The pydantic type of a setting, with the bounds `tenancy.fields` declares for it."""
+    return Annotated[field.kind, Field(**field.constraints())]
+
+
+# Every bound is `tenancy.fields`'. `| None` in a class body where null is a value (unlimited,
+# the gateway's default), or on PATCH where an explicit null reaches the service's own 400.
+Rpm = _bounded(fields.RPM)
+Tpm = _bounded(fields.TPM)
+MaxConcurrent = _bounded(fields.MAX_CONCURRENT)
+BudgetUsd = Annotated[Decimal, Field(ge=0, le=fields.BUDGET_USD_MAX)]
+BudgetPeriod = Literal[BUDGET_PERIODS]  # type: ignore[valid-type]
+CacheMode = Literal[CACHE_MODES]  # type: ignore[valid-type]
+Threshold = _bounded(fields.SEMANTIC_THRESHOLD)
+TtlSeconds = _bounded(fields.CACHE_TTL_S)
+CacheHitPercent = _bounded(CACHE_HIT_PRICE_PERCENT)
+MarkupBp = _bounded(PRICE_MARKUP_BP)
+EngineWeight = _bounded(ENGINE_WEIGHT)
+Priority = _bounded(PRIORITY)
+EmbeddingTokens = _bounded(fields.EMBEDDING_MAX_REQUEST_TOKENS)
+BatchPercent = _bounded(BATCH_PRICE_PERCENT)
+TenantStatus = Literal[TENANT_STATUSES]  # type: ignore[valid-type]
 # PostgreSQL text cannot hold NUL, so no stored string may contain one.
 _NO_NUL = r"^[^\x00]*$"
-Name = Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL)]
-Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=512, pattern=_NO_NUL)]],
-                  Field(max_length=1000)]
-# Response-cache settings (see tenancy.models.CACHE_MODES); a None threshold or TTL means
-# "the gateway's default".
-CacheMode = Literal["off", "auto", "exact", "semantic"]
-Threshold = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # cosine similarity
-TtlSeconds = Annotated[int, Field(ge=1, le=2**31 - 1)]
-Percent = Annotated[int, Field(ge=0, le=100)]
-MarkupBp = Annotated[int, Field(ge=-10_000, le=100_000)]
-# The plan's place in the engines' fair-share scheduler: a share of engine tokens relative to
-# other tenants' weights, and the order within the tenant (lower runs first).
-EngineWeight = Annotated[float, Field(gt=0, le=100, allow_inf_nan=False)]
-Priority = Annotated[int, Field(ge=-10, le=10)]
+Name = Annotated[str, Field(min_length=1, max_length=fields.NAME_MAX, pattern=_NO_NUL)]
+KeyName = Annotated[str, Field(max_length=fields.NAME_MAX, pattern=_NO_NUL)]
+Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=fields.LIST_ITEM_MAX,
+                                            pattern=_NO_NUL)]],
+                  Field(max_length=fields.LIST_MAX)]
 # Ids of plans, tenants and keys, in paths and bodies: anything else names nothing.
 Id = Annotated[str, StringConstraints(min_length=1, max_length=64,
                                       pattern=r"^[A-Za-z0-9._:-]+$")]
@@ -55,43 +81,44 @@ class _Out(BaseModel):
 
 class PlanCreate(_In):
     name: Name
-    rpm: Limit = None
-    tpm: Limit = None
-    max_concurrent: Limit = None
-    budget_usd: Annotated[Decimal, Field(ge=0, le=10**9)] | None = None
-    budget_period: Literal["month", "day"] = "month"
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
+    max_concurrent: MaxConcurrent | None = None
+    budget_usd: BudgetUsd | None = None
+    budget_period: BudgetPeriod = BUDGET_PERIOD.default
     allowed_models: Names | None = None
     allowed_tiers: Names | None = None
-    cache_mode: CacheMode = "auto"
+    cache_mode: CacheMode = CACHE_MODE.default
     semantic_threshold: Threshold | None = None
     cache_ttl_s: TtlSeconds | None = None
-    cache_hit_price_percent: Percent = 0
-    price_markup_bp: MarkupBp = 0
-    engine_weight: EngineWeight = 1.0
-    priority: Priority = 0
-    # the most input tokens one embeddings request may embed; lowers a deployment's bound
-    embedding_max_request_tokens: Limit = None
-    batch_price_percent: Percent = 50  # share of the normal price charged for a batch line
+    cache_hit_price_percent: CacheHitPercent = CACHE_HIT_PRICE_PERCENT.default
+    price_markup_bp: MarkupBp = PRICE_MARKUP_BP.default
+    engine_weight: EngineWeight = ENGINE_WEIGHT.default
+    priority: Priority = PRIORITY.default
+    embedding_max_request_tokens: EmbeddingTokens | None = None
+    batch_price_percent: BatchPercent = BATCH_PRICE_PERCENT.default
 
 
+# Fields left out change nothing; an explicit null clears a limit (or is refused by the
+# service where the setting always has a value).
 class PlanUpdate(_In):
     name: Name | None = None
-    rpm: Limit = None
-    tpm: Limit = None
-    max_concurrent: Limit = None
-    budget_usd: Annotated[Decimal, Field(ge=0, le=10**9)] | None = None
-    budget_period: Literal["month", "day"] | None = None
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
+    max_concurrent: MaxConcurrent | None = None
+    budget_usd: BudgetUsd | None = None
+    budget_period: BudgetPeriod | None = None
     allowed_models: Names | None = None
     allowed_tiers: Names | None = None
     cache_mode: CacheMode | None = None
     semantic_threshold: Threshold | None = None
     cache_ttl_s: TtlSeconds | None = None
-    cache_hit_price_percent: Percent | None = None
+    cache_hit_price_percent: CacheHitPercent | None = None
     price_markup_bp: MarkupBp | None = None
     engine_weight: EngineWeight | None = None
     priority: Priority | None = None
-    embedding_max_request_tokens: Limit = None  # an explicit null: the deployments' bounds
-    batch_price_percent: Percent | None = None
+    embedding_max_request_tokens: EmbeddingTokens | None = None
+    batch_price_percent: BatchPercent | None = None
 
 
 class PlanOut(_Out):
@@ -113,7 +140,7 @@ class PlanOut(_Out):
     engine_weight: float
     priority: int
     embedding_max_request_tokens: int | None = None
-    batch_price_percent: int = 50
+    batch_price_percent: int = BATCH_PRICE_PERCENT.default
 
 
 class TenantCreate(_In):
@@ -126,7 +153,7 @@ class TenantUpdate(_In):
     """Fields left out change nothing; an explicit null semantic_threshold clears it."""
 
     plan_id: Id | None = None
-    status: Literal["active", "suspended"] | None = None
+    status: TenantStatus | None = None
     semantic_threshold: Threshold | None = None
 
 
@@ -140,11 +167,11 @@ class TenantOut(_Out):
 
 
 class KeyCreate(_In):
-    name: Annotated[str, Field(max_length=200, pattern=_NO_NUL)] = ""
+    name: KeyName = ""
     expires_at: Timestamp | None = None
-    rpm: Limit = None
-    tpm: Limit = None
-    max_concurrent: Limit = None
+    rpm: Rpm | None = None
+    tpm: Tpm | None = None
+    max_concurrent: MaxConcurrent | None = None
     allowed_models: Names | None = None
     allowed_adapters: Names | None = None
 

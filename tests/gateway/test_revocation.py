@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings
-from tenancy import service
+from tenancy import api_keys
 from tenancy.keys import generate_key
 from tests.gateway.support import (
     Seeded,
@@ -191,7 +191,7 @@ async def test_new_key_clears_the_other_replicas_negative_cache(
     planned = generate_key(admin=False)
     assert await chat_status(replicas.two, planned.full) == 401  # now cached as unknown
     assert await chat_status(replicas.two, planned.full) == 401
-    monkeypatch.setattr(service, "generate_key", lambda *, admin: planned)
+    monkeypatch.setattr(api_keys, "generate_key", lambda *, admin: planned)
     key = await replicas.new_key(name="planned")
     assert key["id"] == planned.key_id
     elapsed = await seconds_until(replicas.two, planned.full, 200)

@@ -16,7 +16,8 @@ from gateway.deps import SessionDep, StateDep
 from gateway.errors import APIError
 from gateway.state import GatewayState
 from tenancy import adapters as rows
-from tenancy import service
+from tenancy import tenants
+from tenancy.errors import ServiceError
 
 router = console_router()
 ACTIONS = ("load", "unload", "delete")
@@ -38,7 +39,7 @@ async def register_path(request: Request, tenant_id: str, admin: AdminSession,
         try:
             await manage.register_path(state, session, tenant_id=tenant_id, path=path,
                                        **fields)
-        except (service.ServiceError, APIError) as exc:
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             return _back(tenant_id)
@@ -58,7 +59,7 @@ async def upload(request: Request, tenant_id: str, admin: AdminSession,
             await manage.register_upload(state, session, tenant_id=tenant_id,
                                          config_file=config_file.file,
                                          weights_file=weights_file.file, **fields)
-        except (service.ServiceError, APIError) as exc:
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             return _back(tenant_id)
@@ -80,7 +81,7 @@ async def act(request: Request, tenant_id: str, name: str, action: str, admin: A
             await manage.unload(state, adapter)
         else:
             await manage.delete(state, session, adapter)
-    except (service.ServiceError, APIError) as exc:
+    except (ServiceError, APIError) as exc:
         return await _page(request, admin, session, state, tenant_id, status_code=400,
                            notice=error_text(exc))
     return _back(tenant_id)
@@ -94,7 +95,7 @@ def _common(form: FormReader) -> dict[str, str | bool | None]:
 
 
 async def _tenant_exists(session: SessionDep, tenant_id: str) -> bool:
-    return await service.get_tenant(session, tenant_id=tenant_id) is not None
+    return await tenants.get_tenant(session, tenant_id=tenant_id) is not None
 
 
 def _back(tenant_id: str) -> Response:
@@ -111,7 +112,7 @@ async def _page(request: Request, admin: SignedIn, session: SessionDep, state: G
                 tenant_id: str, *, path_form: FormReader | None = None,
                 upload_form: FormReader | None = None, notice: str | None = None,
                 status_code: int = 200) -> Response:
-    tenant = await service.get_tenant(session, tenant_id=tenant_id)
+    tenant = await tenants.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
         return page(request, "error.html", {
             "admin": admin, "title": "Not found", "nav": "tenants",

@@ -1,6 +1,6 @@
-"""Deployments and routing: tier, prices, health and breaker state, as the admin API's
-`describe` reports them, plus resetting a breaker; and each deployment's live figures (the
-workers page), whichever kind it is."""
+"""Deployments and routing: tier, prices, health and breaker state (as the admin API shows
+them: `gateway.deployments.views`), plus resetting a breaker; and each deployment's live
+figures (the workers page), whichever kind it is."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from gateway.console.auth import AdminSession, SignedIn
 from gateway.console.render import page, percent
 from gateway.console.routing import console_router
 from gateway.deployments.config import DeploymentConfig
+from gateway.deployments.views import describe
 from gateway.deps import SessionDep, StateDep
-from gateway.routes.admin.deployments import describe
 from gateway.state import GatewayState
-from tenancy import service
+from tenancy import tenants
 
 router = console_router()
 POLL_SECONDS = 2
@@ -60,7 +60,8 @@ def _deployments(request: Request, admin: SignedIn, state: GatewayState, *,
                  notice: str | None = None, status_code: int = 200) -> Response:
     return page(request, "deployments.html", {
         "admin": admin, "title": "Deployments", "nav": "deployments", "notice": notice,
-        "deployments": [describe(state, d) for d in state.deployments.deployments()]},
+        "deployments": [describe(state.deployments, d)
+                        for d in state.deployments.deployments()]},
         fragment="_deployments_panel.html", status_code=status_code)
 
 
@@ -130,7 +131,7 @@ async def _workers(state: GatewayState, session: SessionDep) -> list[dict[str, A
                         "adapters": sorted(tiers.items()),
                         "tenants": deployment.tenant_tokens()})
     if any(w["adapters"] or w["tenants"] for w in workers):
-        names = {t.id: t.name for t in await service.list_tenants(session)}
+        names = {t.id: t.name for t in await tenants.list_tenants(session)}
         for worker in workers:
             worker["adapters"] = [(_adapter_label(engine_name, names), tier)
                                   for engine_name, tier in worker["adapters"]]

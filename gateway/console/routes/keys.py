@@ -16,9 +16,11 @@ from gateway.console.render import page
 from gateway.console.routing import console_router
 from gateway.deps import SessionDep, StateDep
 from gateway.errors import APIError
-from tenancy import service
+from tenancy import api_keys, fields, tenants
+from tenancy.errors import ServiceError
 
 router = console_router()
+SETTINGS = (*fields.KEY_LIMITS, fields.ALLOWED_MODELS, fields.ALLOWED_ADAPTERS)
 
 
 @router.get("/tenants/{tenant_id}/keys")
@@ -31,20 +33,16 @@ async def keys_page(request: Request, tenant_id: str, admin: AdminSession,
 async def create_key(request: Request, tenant_id: str, admin: AdminSession,
                      session: SessionDep, state: StateDep) -> Response:
     form = FormReader(await request.form())
-    fields = {
-        "name": form.text("name", label="key name"),
-        "expires_at": form.future_time("expires_at"),
-        "rpm": form.integer("rpm"), "tpm": form.integer("tpm"),
-        "max_concurrent": form.integer("max_concurrent"),
-        "allowed_models": form.names("allowed_models"),
-        "allowed_adapters": form.names("allowed_adapters"),
-    }
+    name = form.text("name", label="key name")
+    expires_at = form.future_time("expires_at")
+    settings = {field.name: form.setting(field) for field in SETTINGS}
     created: str | None = None
     if form.ok:
         try:
-            _, created = await service.create_api_key(
-                session, tenant_id=tenant_id, pepper=state.keys.pepper, **fields)
-        except (service.ServiceError, APIError) as exc:
+            _, created = await api_keys.create_api_key(
+                session, tenant_id=tenant_id, pepper=state.keys.pepper, name=name,
+                expires_at=expires_at, **settings)
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             await state.watcher.catch_up()  # usable on this replica at once
@@ -55,7 +53,7 @@ async def create_key(request: Request, tenant_id: str, admin: AdminSession,
 @router.post("/tenants/{tenant_id}/keys/{key_id}/revoke")
 async def revoke_key(request: Request, tenant_id: str, key_id: str, admin: AdminSession,
                      session: SessionDep, state: StateDep) -> Response:
-    key = await service.revoke_api_key(session, key_id=key_id, tenant_id=tenant_id)
+    key = await api_keys.revoke_api_key(session, key_id=key_id, tenant_id=tenant_id)
     if key is not None:
         await state.watcher.catch_up()
     if request.headers.get("hx-request") != "true":
@@ -68,12 +66,12 @@ async def revoke_key(request: Request, tenant_id: str, key_id: str, admin: Admin
 async def _page(request: Request, admin: SignedIn, session: SessionDep, tenant_id: str, *,
                 form: FormReader | None = None, created: str | None = None,
                 notice: str | None = None, status_code: int = 200) -> Response:
-    tenant = await service.get_tenant(session, tenant_id=tenant_id)
+    tenant = await tenants.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
         return page(request, "error.html", {
             "admin": admin, "title": "Not found", "nav": "tenants",
             "message": f"No tenant with id '{tenant_id}'."}, status_code=404)
-    keys = await service.list_api_keys(session, tenant_id=tenant_id)
+    keys = await api_keys.list_api_keys(session, tenant_id=tenant_id)
     return page(request, "keys.html", {
         "admin": admin, "title": f"{tenant.name}: API keys", "nav": "tenants",
         "tenant": tenant, "keys": keys, "form": form, "created": created, "notice": notice,

@@ -18,7 +18,7 @@ from gateway.console.routing import console_router, safe_next
 from gateway.console.sessions import SessionStoreUnavailable
 from gateway.deps import StateDep
 from gateway.errors import APIError
-from tenancy import service
+from tenancy.admin_keys import load_admin_context
 
 router = console_router()
 LOGIN_TOKEN_MAX_AGE = 3600
@@ -59,7 +59,7 @@ async def login(request: Request, state: StateDep) -> Response:
         return _login_page(request, next=target, status_code=exc.status,
                            error=TENANT_KEY_MESSAGE if tenant_key else BAD_KEY_MESSAGE)
     async with state.sessionmaker() as db:  # the key cache may lag a revocation by a poll
-        current = await service.load_admin_context(db, key_id=admin.key_id)
+        current = await load_admin_context(db, key_id=admin.key_id)
     if current is None or current.revoked:
         return _login_page(request, next=target, status_code=401, error=BAD_KEY_MESSAGE)
     try:

@@ -1,6 +1,7 @@
 """Tenants: list and search, create, move to another plan, edit the plan's limits, budget,
-allowed models and tiers and engine share, suspend and reactivate. All through
-`tenancy.service`."""
+allowed models and tiers and engine share, suspend and reactivate. All through the data
+functions of `tenancy.plans` and `tenancy.tenants`; every setting's bounds and hints come from
+`tenancy.fields`."""
 
 from __future__ import annotations
 
@@ -15,11 +16,15 @@ from gateway.console.render import names, page, usd_input
 from gateway.console.routing import console_router
 from gateway.deps import SessionDep, StateDep
 from gateway.errors import APIError
-from tenancy import service
-from tenancy.models import BUDGET_PERIODS, Plan
+from tenancy import fields, plans, tenants
+from tenancy.errors import ServiceError
+from tenancy.models import Plan
 
 router = console_router()
 NEW_PLAN = "__new__"  # the create form's "a new plan named after the tenant"
+# What the limits form edits of the tenant's plan (besides its budget, typed in dollars).
+LIMITS = (fields.RPM, fields.TPM, fields.MAX_CONCURRENT, fields.BUDGET_PERIOD,
+          fields.ALLOWED_MODELS, fields.ALLOWED_TIERS, fields.ENGINE_WEIGHT, fields.PRIORITY)
 
 
 @router.get("/tenants")
@@ -37,9 +42,9 @@ async def create_tenant(request: Request, admin: AdminSession, session: SessionD
     if form.ok:
         try:
             if plan_id == NEW_PLAN:
-                plan_id = (await service.create_plan(session, name=f"{name}-plan")).id
-            tenant = await service.create_tenant(session, name=name, plan_id=plan_id)
-        except (service.ServiceError, APIError) as exc:
+                plan_id = (await plans.create_plan(session, name=f"{name}-plan")).id
+            tenant = await tenants.create_tenant(session, name=name, plan_id=plan_id)
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             await state.watcher.catch_up()
@@ -57,7 +62,7 @@ async def tenant_page(request: Request, tenant_id: str, admin: AdminSession,
 async def set_status(request: Request, tenant_id: str, admin: AdminSession,
                      session: SessionDep, state: StateDep) -> Response:
     form = FormReader(await request.form())
-    status = form.choice("status", ("active", "suspended"))
+    status = form.choice(fields.TENANT_STATUS)
     return await _update(request, admin, session, state, tenant_id, form, status=status)
 
 
@@ -74,24 +79,16 @@ async def edit_limits(request: Request, tenant_id: str, admin: AdminSession,
                       session: SessionDep, state: StateDep) -> Response:
     """Edits the tenant's plan (every tenant on it sees the change)."""
     form = FormReader(await request.form())
-    fields: dict[str, Any] = {
-        "rpm": form.integer("rpm"), "tpm": form.integer("tpm"),
-        "max_concurrent": form.integer("max_concurrent"),
-        "budget_micros": form.dollars("budget_usd"),
-        "budget_period": form.choice("budget_period", BUDGET_PERIODS, default="month"),
-        "allowed_models": form.names("allowed_models"),
-        "allowed_tiers": form.names("allowed_tiers"),
-        # Blank is the default here, not "unlimited": the plan always has a share and priority.
-        "engine_weight": form.weight("engine_weight", high=100, default=1.0),
-        "priority": form.integer("priority", low=-10, high=10) or 0,
-    }
-    tenant = await service.get_tenant(session, tenant_id=tenant_id)
+    # Blank is "unlimited" for a limit, the default for the plan's share and priority.
+    changes: dict[str, Any] = {field.name: form.setting(field) for field in LIMITS}
+    changes["budget_micros"] = form.dollars("budget_usd")
+    tenant = await tenants.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
         return _missing(request, admin, tenant_id)
     if form.ok:
         try:
-            await service.update_plan(session, plan_id=tenant.plan_id, **fields)
-        except (service.ServiceError, APIError) as exc:
+            await plans.update_plan(session, plan_id=tenant.plan_id, **changes)
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             await state.watcher.catch_up()
@@ -102,11 +99,11 @@ async def edit_limits(request: Request, tenant_id: str, admin: AdminSession,
 
 
 async def _update(request: Request, admin: SignedIn, session: SessionDep, state: StateDep,
-                  tenant_id: str, form: FormReader, **fields: Any) -> Response:
+                  tenant_id: str, form: FormReader, **changes: Any) -> Response:
     if form.ok:
         try:
-            tenant = await service.update_tenant(session, tenant_id=tenant_id, **fields)
-        except (service.ServiceError, APIError) as exc:
+            tenant = await tenants.update_tenant(session, tenant_id=tenant_id, **changes)
+        except (ServiceError, APIError) as exc:
             form.errors["_form"] = error_text(exc)
         else:
             if tenant is None:
@@ -119,14 +116,15 @@ async def _update(request: Request, admin: SignedIn, session: SessionDep, state:
 
 async def _list_page(request: Request, admin: SignedIn, session: SessionDep, *, q: str,
                      form: FormReader | None, status_code: int = 200) -> Response:
-    tenants = await service.list_tenants(session)
-    plans = await service.list_plans(session)
+    listed = await tenants.list_tenants(session)
+    all_plans = await plans.list_plans(session)
     needle = q.strip().lower()
     if needle:
-        tenants = [t for t in tenants if needle in t.name.lower() or needle in t.id]
+        listed = [t for t in listed if needle in t.name.lower() or needle in t.id]
     return page(request, "tenants.html", {
-        "admin": admin, "title": "Tenants", "nav": "tenants", "tenants": tenants, "q": q,
-        "plans": plans, "plan_names": {p.id: p.name for p in plans}, "new_plan": NEW_PLAN,
+        "admin": admin, "title": "Tenants", "nav": "tenants", "tenants": listed, "q": q,
+        "plans": all_plans, "plan_names": {p.id: p.name for p in all_plans},
+        "new_plan": NEW_PLAN,
         "form": form}, fragment="_tenants_table.html", status_code=status_code)
 
 
@@ -134,16 +132,17 @@ async def _detail_page(request: Request, admin: SignedIn, session: SessionDep, t
                        *, tenant_form: FormReader | None = None,
                        limits_form: FormReader | None = None, status_code: int = 200
                        ) -> Response:
-    tenant = await service.get_tenant(session, tenant_id=tenant_id)
+    tenant = await tenants.get_tenant(session, tenant_id=tenant_id)
     if tenant is None:
         return _missing(request, admin, tenant_id)
-    plans = await service.list_plans(session)
-    plan = next((p for p in plans if p.id == tenant.plan_id), None)
+    all_plans = await plans.list_plans(session)
+    plan = next((p for p in all_plans if p.id == tenant.plan_id), None)
     return page(request, "tenant.html", {
         "admin": admin, "title": tenant.name, "nav": "tenants", "tenant": tenant,
-        "plan": plan, "plans": plans, "tenant_form": tenant_form,
+        "plan": plan, "plans": all_plans, "tenant_form": tenant_form,
         "limits_form": limits_form, "limits": _limits_values(plan, limits_form),
-        "saved": request.query_params.get("saved"), "periods": BUDGET_PERIODS,
+        "saved": request.query_params.get("saved"), "fields": fields,
+        "periods": [(period, period) for period in fields.BUDGET_PERIOD.options],
     }, status_code=status_code)
 
 

@@ -1,8 +1,8 @@
 """Usage dashboards, exports and invoices.
 
 Charts and tables read only the daily aggregates (`billing.reports`): three grouped queries
-and the tenant list per page, whatever the traffic. Downloads reuse the admin API's streamed
-exporter and invoice renderer, behind the console's session instead of a bearer key.
+and the tenant list per page, whatever the traffic. Downloads are the admin API's
+(`gateway.downloads`), behind the console's session instead of a bearer key.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ from fastapi import Request
 from starlette.responses import Response
 
 from billing import export, invoices, reports
+from gateway import downloads
 from gateway.console.auth import AdminSession
 from gateway.console.render import page
 from gateway.console.routing import console_router
 from gateway.deps import SessionDep, StateDep
-from gateway.routes.admin import invoices as admin_invoices
-from gateway.routes.admin import usage as admin_usage
-from tenancy import service
+from tenancy import tenants
 
 router = console_router()
 DEFAULT_DAYS = 30
@@ -87,13 +86,13 @@ async def usage_page(request: Request, admin: AdminSession, session: SessionDep)
     # Not narrowed by model or tier: these rows also list the choices for those filters.
     by_model = await reports.summarize(session, tenant_id=f.tenant_id,
                                        group_by=("model", "tier"), **scope)
-    tenants = await service.list_tenants(session)
+    listed = await tenants.list_tenants(session)
     top = sorted(by_tenant.rows, key=lambda r: (-r.metrics.cost_micros,
                                                 -r.metrics.requests))[:TOP_TENANTS]
     return page(request, "usage.html", {
         "admin": admin, "title": "Usage", "nav": "usage", "f": f, "refresh_s": REFRESH_SECONDS,
         "totals": by_day.totals, "top": top, "by_model": by_model.rows,
-        "tenant_names": {t.id: t.name for t in tenants}, "tenants": tenants,
+        "tenant_names": {t.id: t.name for t in listed}, "tenants": listed,
         "models": sorted({r.group["model"] for r in by_model.rows}),
         "tiers": sorted({r.group["tier"] for r in by_model.rows}),
         "chart": json.dumps(_chart(by_day, f)), "query": f.query(),
@@ -107,7 +106,8 @@ async def usage_export(request: Request, admin: AdminSession, state: StateDep,
     if format not in export.FORMATS:
         return Response("format must be csv or jsonl", status_code=400, media_type="text/plain")
     f = UsageFilter.of(request)
-    return await admin_usage.export_usage(state, f.records(), format)  # type: ignore[arg-type]
+    return await downloads.usage_export(state.sessionmaker, f.records(),
+                                        format)  # type: ignore[arg-type]
 
 
 @router.get("/usage/invoice")
@@ -119,10 +119,10 @@ async def usage_invoice(admin: AdminSession, session: SessionDep, tenant_id: str
         invoices.parse_period(period)
     except ValueError as exc:
         return _plain_error(str(exc))
-    if await service.get_tenant(session, tenant_id=tenant_id) is None:
+    if await tenants.get_tenant(session, tenant_id=tenant_id) is None:
         return _plain_error("Pick a tenant.", status_code=404)
     view = await invoices.get_invoice(session, tenant_id=tenant_id, period=period)
-    return admin_invoices.render(view, format)
+    return downloads.invoice(view, format)
 
 
 def _plain_error(message: str, *, status_code: int = 400) -> Response:

@@ -19,7 +19,7 @@ from gateway.schemas.adapters import (
 from gateway.schemas.admin import Id
 from gateway.state import GatewayState
 from tenancy import adapters as rows
-from tenancy import service
+from tenancy import tenants
 from tenancy.models import Adapter
 
 router = APIRouter(prefix="/tenants/{tenant_id}/adapters", tags=["admin"])
@@ -89,7 +89,7 @@ async def _out(state: GatewayState, adapter: Adapter) -> AdminAdapterOut:
 
 
 async def _require_tenant(session: SessionDep, tenant_id: str) -> None:
-    if await service.get_tenant(session, tenant_id=tenant_id) is None:
+    if await tenants.get_tenant(session, tenant_id=tenant_id) is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
 
 

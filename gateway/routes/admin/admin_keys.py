@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from gateway.deps import AdminDep, SessionDep, StateDep
 from gateway.errors import bad_request, not_found
 from gateway.schemas.admin import AdminKeyCreate, AdminKeyCreated, AdminKeyOut, Id
-from tenancy import service
+from tenancy import admin_keys
 
 router = APIRouter(prefix="/admin-keys", tags=["admin"])
 
@@ -16,7 +16,7 @@ router = APIRouter(prefix="/admin-keys", tags=["admin"])
 async def create_admin_key(
     body: AdminKeyCreate, session: SessionDep, state: StateDep
 ) -> AdminKeyCreated:
-    record, full = await service.create_admin_key(session, pepper=state.keys.pepper,
+    record, full = await admin_keys.create_admin_key(session, pepper=state.keys.pepper,
                                                   name=body.name)
     await state.watcher.catch_up()
     out = AdminKeyOut.model_validate(record).model_dump()
@@ -25,7 +25,7 @@ async def create_admin_key(
 
 @router.get("")
 async def list_admin_keys(session: SessionDep) -> list[AdminKeyOut]:
-    return [AdminKeyOut.model_validate(k) for k in await service.list_admin_keys(session)]
+    return [AdminKeyOut.model_validate(k) for k in await admin_keys.list_admin_keys(session)]
 
 
 @router.delete("/{key_id}")
@@ -34,7 +34,7 @@ async def revoke_admin_key(
 ) -> AdminKeyOut:
     if key_id == admin.key_id:
         raise bad_request("An admin key cannot revoke itself; use another admin key.")
-    key = await service.revoke_admin_key(session, key_id=key_id)
+    key = await admin_keys.revoke_admin_key(session, key_id=key_id)
     if key is None:
         raise not_found(f"No admin key with id '{key_id}'.")
     await state.watcher.catch_up()

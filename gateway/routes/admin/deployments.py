@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.deployments import DeploymentConfig
 from gateway.deployments.base import Deployment
 from gateway.deployments.config import Capabilities
+from gateway.deployments.views import describe
 from gateway.deployments.worker import WorkerDeployment
 from gateway.deps import StateDep
 from gateway.errors import APIError, bad_request, conflict, not_found
@@ -40,12 +41,12 @@ class DeploymentEdit(BaseModel):
 
 @router.get("")
 async def list_deployments(state: StateDep) -> list[dict[str, Any]]:
-    return [describe(state, d) for d in state.deployments.deployments()]
+    return [describe(state.deployments, d) for d in state.deployments.deployments()]
 
 
 @router.get("/{name}")
 async def get_deployment(name: str, state: StateDep) -> dict[str, Any]:
-    return describe(state, _find(state, name))
+    return describe(state.deployments, _find(state, name))
 
 
 @router.post("", status_code=201)
@@ -67,7 +68,7 @@ async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str,
     except ValueError as exc:
         await deployment.close()
         raise bad_request(str(exc), param="model_name") from None
-    return describe(state, deployment)
+    return describe(state.deployments, deployment)
 
 
 @router.patch("/{name}")
@@ -91,7 +92,7 @@ async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
     state.deployments.replace(old, new)
     if config.provider != "embedded":
         await old.close()  # its background work (a worker's stats poll) ends here
-    return describe(state, new)
+    return describe(state.deployments, new)
 
 
 @router.delete("/{name}")
@@ -99,7 +100,7 @@ async def remove_deployment(name: str, state: StateDep) -> dict[str, Any]:
     deployment = _find(state, name)
     if deployment.config.provider == "embedded":
         raise bad_request("The embedded engine cannot be removed at runtime.")
-    info = describe(state, deployment)
+    info = describe(state.deployments, deployment)
     state.deployments.remove(name)
     await deployment.close()
     return info
@@ -120,27 +121,14 @@ async def drain_deployment(name: str, state: StateDep, body: DrainRequest | None
     if not isinstance(deployment, WorkerDeployment):
         raise bad_request("Only worker deployments can be drained.")
     await deployment.set_draining((body or DrainRequest()).drain)
-    return describe(state, deployment)
+    return describe(state.deployments, deployment)
 
 
 @router.post("/{name}/breaker/reset")
 async def reset_breaker(name: str, state: StateDep) -> dict[str, Any]:
     deployment = _find(state, name)
     state.deployments.health(name).breaker.reset()
-    return describe(state, deployment)
-
-
-def describe(state: GatewayState, deployment: Deployment) -> dict[str, Any]:
-    price = deployment.price
-    return {
-        **deployment.config.public(),
-        "price": {"input_per_1m": str(price.input_per_1m),
-                  "output_per_1m": str(price.output_per_1m),
-                  "cached_input_per_1m": str(price.cached_per_1m), "source": price.source,
-                  "price_id": price.price_id},
-        "health": state.deployments.health(deployment.name).public(),
-        "load": deployment.stats(),
-    }
+    return describe(state.deployments, deployment)
 
 
 def _find(state: GatewayState, name: str) -> Deployment:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from billing import invoices
+from gateway import downloads
 from gateway.deps import SessionDep
 from gateway.errors import APIError, bad_request, not_found
 from gateway.schemas.admin import Id
 from gateway.schemas.usage import InvoiceOut, Period
-from tenancy import service
+from tenancy import tenants
 
 router = APIRouter(prefix="/tenants", tags=["admin"])
 InvoiceFormat = Annotated[Literal["json", "csv"], Query(alias="format")]
@@ -26,7 +26,7 @@ async def get_invoice(tenant_id: Id, period: Period, session: SessionDep,
     forever."""
     await _known_tenant(session, tenant_id)
     view = await invoices.get_invoice(session, tenant_id=tenant_id, period=period)
-    return render(view, fmt)
+    return downloads.invoice(view, fmt)
 
 
 @router.post("/{tenant_id}/invoices/{period}/close", response_model=InvoiceOut)
@@ -39,20 +39,10 @@ async def close_invoice(tenant_id: Id, period: Period, session: SessionDep) -> R
         raise bad_request(str(exc), param="period", code="period_not_over") from None
     except invoices.AlreadyClosed as exc:
         raise APIError(409, str(exc), code="invoice_closed") from None
-    return render(view, "json")
-
-
-def render(view: invoices.InvoiceView, fmt: str) -> Response:
-    """JSON with a fixed key order, or CSV with a `total` row: deterministic bytes."""
-    if fmt == "csv":
-        name = f"invoice-{view.tenant_id}-{view.period}.csv"
-        return Response(view.csv(), media_type="text/csv; charset=utf-8",
-                        headers={"content-disposition": f'attachment; filename="{name}"'})
-    return Response(json.dumps(view.document(), separators=(",", ":")),
-                    media_type="application/json")
+    return downloads.invoice(view, "json")
 
 
 async def _known_tenant(session: SessionDep, tenant_id: str) -> None:
-    if await service.get_tenant(session, tenant_id=tenant_id) is None:
+    if await tenants.get_tenant(session, tenant_id=tenant_id) is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
 

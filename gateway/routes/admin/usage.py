@@ -3,13 +3,13 @@ daily aggregates, across tenants."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from starlette.responses import StreamingResponse
 
 from billing import export, reports
+from gateway import downloads
 from gateway.deps import SessionDep, StateDep
 from gateway.errors import not_found
 from gateway.schemas.admin import Id, Timestamp, UsageOut
@@ -26,7 +26,7 @@ from gateway.schemas.usage import (
     UsageSummaryOut,
     models_of,
 )
-from tenancy import service
+from tenancy import tenants
 
 router = APIRouter(prefix="/usage", tags=["admin"])
 
@@ -64,29 +64,7 @@ async def export_usage(
 ) -> StreamingResponse:
     """Every matching record, oldest first, streamed from a server-side cursor: memory stays
     flat for any range."""
-
-    async def body() -> AsyncGenerator[bytes]:
-        # Its own session: the response outlives the request's dependencies.
-        async with state.sessionmaker() as session:
-            async for chunk in export.export(session, filters=filters, fmt=fmt):
-                yield chunk
-
-    chunks = body()
-    # The query runs before the first chunk: a database failure is still a 500 in OpenAI's
-    # shape here, not a 200 cut short.
-    first = await anext(chunks, b"")
-    name = export.filename(fmt=fmt, filters=filters)
-    return StreamingResponse(_prepend(first, chunks), media_type=export.MEDIA_TYPES[fmt],
-                             headers={"content-disposition": f'attachment; filename="{name}"'})
-
-
-async def _prepend(first: bytes, rest: AsyncGenerator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        yield first
-        async for chunk in rest:
-            yield chunk
-    finally:
-        await rest.aclose()  # a client gone mid-stream closes the cursor and session now
+    return await downloads.usage_export(state.sessionmaker, filters, fmt)
 
 
 @router.get("/summary")
@@ -108,7 +86,7 @@ async def tenant_usage(
     until: Timestamp | None = None,
 ) -> UsageOut:
     """Per-model sums of one tenant (whole UTC days covering [since, until))."""
-    if await service.get_tenant(session, tenant_id=tenant_id) is None:
+    if await tenants.get_tenant(session, tenant_id=tenant_id) is None:
         raise not_found(f"No tenant with id '{tenant_id}'.")
     first, last = reports.day_bounds(since, until)
     report = await reports.summarize(session, tenant_id=tenant_id, since=first, until=last,
