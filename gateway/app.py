@@ -15,6 +15,7 @@ from gateway.auth_throttle import AuthThrottle, FailureThrottle
 from gateway.batches.files import FileStore
 from gateway.batches.worker import BatchWorker
 from gateway.body_guard import BodyRefused
+from gateway.console import auth as console_auth
 from gateway.console import router as console_router
 from gateway.errors import APIError, error_body
 from gateway.middleware import AdminGuard, GatewayMiddleware, TenantUploadGuard
@@ -92,7 +93,9 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
                        max_upload_bytes=settings.max_adapter_upload_bytes,
                        upload_timeout_s=settings.adapter_upload_read_timeout_s,
                        max_file_bytes=settings.max_file_bytes,
-                       file_timeout_s=settings.file_upload_read_timeout_s)
+                       file_timeout_s=settings.file_upload_read_timeout_s,
+                       login_path=console_auth.LOGIN_PATH,
+                       max_login_bytes=settings.max_login_body_bytes)
     _add_error_handlers(app)
     return app
 

@@ -10,7 +10,9 @@ Bodies are limited on every route: announced as too large, they are refused with
 they are read; otherwise the bytes actually received are counted as they stream in
 (`gateway.body_guard`), before any parser sees them, and the whole body must arrive within a
 timeout from the head (408). Adapter and file uploads have their own, larger limits and
-timeouts. A client that leaves mid-body is logged at debug level as a 499, never as a 500.
+timeouts; the console's sign-in form its own small one (`max_login_body_bytes`), since it is
+answered before anyone is signed in. A client that leaves mid-body is logged at debug level
+as a 499, never as a 500.
 An answer given before the body has all been read closes the connection: otherwise a client
 could hold it forever by dribbling a body nobody reads.
 """
@@ -49,8 +51,11 @@ class GatewayMiddleware:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
                  max_upload_bytes: int | None = None,
                  upload_timeout_s: float | None = None, max_file_bytes: int | None = None,
-                 file_timeout_s: float | None = None) -> None:
+                 file_timeout_s: float | None = None, login_path: str = "",
+                 max_login_bytes: int | None = None) -> None:
         self.app = app
+        self.login_path = login_path  # POST: the console's sign-in form, before any session
+        self.max_login_bytes = min(max_login_bytes or max_body_bytes, max_body_bytes)
         self.max_body_bytes = max_body_bytes
         self.max_upload_bytes = max_upload_bytes or max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -64,6 +69,8 @@ class GatewayMiddleware:
             return self.max_upload_bytes, self.upload_timeout_s
         if path == FILES_PATH and method == "POST":
             return self.max_file_bytes + MULTIPART_SLACK, self.file_timeout_s
+        if path == self.login_path and method == "POST":
+            return self.max_login_bytes, self.body_timeout_s
         return self.max_body_bytes, self.body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

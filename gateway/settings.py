@@ -101,6 +101,8 @@ class Settings(BaseSettings):
 
     # Request handling. Every limit below is listed in docs/security.md.
     max_body_bytes: int = 4 << 20  # counted on the bytes received, whatever the framing
+    # The console's sign-in form (POST /console/login), answered to anyone: a key and a token.
+    max_login_body_bytes: int = Field(default=64 << 10, ge=1024)
     # After a key or tenant is refused for requests per minute, its next requests within this
     # many seconds (or the retry-after, if sooner) are refused before their body is parsed
     # (gateway/recent_refusals.py); 0: off.

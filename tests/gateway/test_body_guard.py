@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.middleware import GatewayMiddleware
 from gateway.settings import Settings
+from tests.gateway.console.support import console
 from tests.gateway.support import (
     WAIT_S,
     connect,
@@ -188,7 +189,10 @@ def chunked(data: bytes) -> bytes:
 
 async def test_chunked_login_body_over_the_limit_is_413_without_credentials(sqlite_url,
                                                                               tmp_path):
-    cfg = limits(sqlite_url, tmp_path, max_body_bytes=64 << 10, body_read_timeout_s=30)
+    """The sign-in form has its own small limit (64 KiB by default), far under the 4 MiB of
+    other routes: a chunked body past it is refused as it arrives, the rest never read."""
+    cfg = limits(sqlite_url, tmp_path, body_read_timeout_s=30)
+    assert cfg.max_login_body_bytes == 64 << 10 < cfg.max_body_bytes
     with live(cfg) as port, connect(port) as sock:
         sock.sendall(b"POST /console/login HTTP/1.1\r\nhost: gw\r\n"
                      b"content-type: multipart/form-data; boundary=xx\r\n"
@@ -199,9 +203,40 @@ async def test_chunked_login_body_over_the_limit_is_413_without_credentials(sqli
         while sent < 32 << 20 and send_quietly(sock, chunked(b"z" * 65536)):
             sent += 65536
         response = read_all(sock)
-    assert sent < 32 << 20  # the server stopped reading: nothing near it was received
+    assert sent < 32 << 20  # the server stopped reading (the rest sits in socket buffers)
     assert status_of(response) == 413
     assert b'"code":"body_too_large"' in response
+    assert b"larger than 65536 bytes" in response
+    assert b"connection: close" in response.lower()
+
+
+async def test_login_reads_no_chunk_past_its_limit_and_a_normal_login_works(sqlite_url,
+                                                                            tmp_path):
+    pulled = 0
+
+    async def body():  # 4 MiB in 16 KiB chunks, counted as the app pulls them
+        nonlocal pulled
+        for _ in range(256):
+            pulled += 1
+            yield b"key=" + b"k" * (16 << 10)
+
+    async with console(sqlite_url, tmp_path, login=False) as c:
+        response = await c.client.post("/console/login", content=body(), headers={
+            "content-type": "application/x-www-form-urlencoded"})
+        assert response.status_code == 413, response.text
+        assert response.json()["error"]["code"] == "body_too_large"
+        assert pulled <= 5  # 64 KiB is the fifth chunk: nothing after it was read
+        assert (await c.login()).status_code == 303  # a real sign-in fits well within it
+        assert (await c.client.get("/console/tenants")).status_code == 200
+
+
+async def test_login_body_announced_past_its_limit_is_413_unread(sqlite_url, tmp_path):
+    cfg = limits(sqlite_url, tmp_path, max_login_body_bytes=4096, body_read_timeout_s=30)
+    with live(cfg) as port, connect(port) as sock:
+        sock.sendall(post_head(b"/console/login", "none", 5000))  # no body byte sent
+        response = read_all(sock)
+    assert status_of(response) == 413
+    assert b"larger than 4096 bytes" in response
     assert b"connection: close" in response.lower()
 
 
@@ -213,7 +248,8 @@ async def test_client_leaving_mid_body_is_a_disconnect_not_a_500(sqlite_url, tmp
     with live(limits(sqlite_url, tmp_path, body_read_timeout_s=30)) as port:
         for path in PATHS:
             with connect(port) as sock:
-                sock.sendall(post_head(path, tenant.key, 100000) + b"key=sk-sb-admin-")
+                # within every limit, the sign-in form's 64 KiB included
+                sock.sendall(post_head(path, tenant.key, 60000) + b"key=sk-sb-admin-")
                 time.sleep(0.2)  # the app is reading the body
         deadline = time.monotonic() + WAIT_S
         while sum("client disconnected mid-body" in r.getMessage()
