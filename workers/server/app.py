@@ -130,9 +130,15 @@ async def drain(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
+    """The model and its loaded adapters, shaped as vLLM lists them: an adapter's `id` is its
+    name, `parent` the base model's and `root` where it was loaded from; the base model's
+    `root` is its path, its `parent` null."""
     state: WorkerState = request.app.state.worker
     base = state.options.model_name
-    data = [{"id": base, "object": "model", "created": 0, "owned_by": "switchboard"}]
-    data += [{"id": name, "object": "model", "created": 0, "owned_by": "switchboard",
-              "parent": base} for name in sorted(await state.adapters())]
+    core = state.engine.engine
+    card = {"object": "model", "created": 0, "owned_by": "switchboard"}
+    data = [{"id": base, **card, "root": (core.args.model if core else None) or base,
+             "parent": None, "max_model_len": core.max_model_len if core else None}]
+    data += [{"id": name, **card, "root": state.adapter_path(name) or name, "parent": base}
+             for name in sorted(await state.adapters())]
     return JSONResponse({"object": "list", "data": data})

@@ -10,7 +10,7 @@ from typing import Any
 from workers.async_engine import AsyncLLMEngine
 from workers.client import EmbeddedClient, PreparedCall
 from workers.lora.manager import AdapterStatus
-from workers.server.metrics import WorkerMetrics
+from workers.server.metrics import EngineShape, WorkerMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,9 @@ class WorkerState:
         self.options = options
         self.client = EmbeddedClient(engine, options.model_name,
                                      tool_call_parser=options.tool_call_parser)
-        self.metrics = WorkerMetrics(self.engine_stats)
+        self.metrics = WorkerMetrics(self.engine_stats, model_name=options.model_name,
+                                     shape=self.engine_shape,
+                                     adapters=lambda: self.engine.loras_seen())
         self.ready = False  # the model is loaded and the step loop runs
         self.draining = False  # finish what runs, take nothing new
         self.in_flight = 0
@@ -44,6 +46,22 @@ class WorkerState:
     def serves_adapters(self) -> bool:
         core = self.engine.engine
         return core is not None and core.loras is not None
+
+    def engine_shape(self) -> EngineShape | None:
+        """The KV cache's and adapter slots' sizes (None before the model is loaded)."""
+        core = self.engine.engine
+        if core is None:
+            return None
+        blocks = core.block_manager
+        return EngineShape(block_size=blocks.block_size, num_blocks=blocks.num_blocks,
+                           prefix_caching=blocks.enable_caching,
+                           max_loras=None if core.loras is None else core.loras.max_loras)
+
+    def adapter_path(self, name: str) -> str | None:
+        """Where an adapter was loaded from (vLLM's `root` for it in /v1/models)."""
+        core = self.engine.engine
+        entry = None if core is None or core.loras is None else core.loras.entries.get(name)
+        return None if entry is None else entry.path
 
     def engine_stats(self) -> dict[str, float]:
         return self.engine.stats() if self.engine.engine is not None else {}

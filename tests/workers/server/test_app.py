@@ -255,6 +255,74 @@ def test_stats_and_metrics_report_load_and_latency(client):
     assert ("switchboard_worker_adapter_loads_total", ()) in samples
 
 
+def test_metrics_under_vllms_names_for_schedulers_built_on_vllm(client, adapter):
+    """What an InferencePool's endpoint picker reads from a vLLM pod, read from a worker."""
+    load = {"lora_name": "ad1", "lora_path": str(adapter)}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    long_prompt = [(7 * i) % 2000 + 5 for i in range(48)]  # three blocks of 16
+    assert complete(client, prompt=long_prompt).status_code == 200
+    assert complete(client, prompt=long_prompt).status_code == 200  # again: prefix-cache hits
+    text = client.get("/metrics", headers=AUTH).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    label = {"model_name": MODEL, "engine": "0"}
+    for name, kind in [("vllm:num_requests_running", "gauge"),
+                       ("vllm:num_requests_waiting", "gauge"),
+                       ("vllm:kv_cache_usage_perc", "gauge"),
+                       ("vllm:gpu_cache_usage_perc", "gauge"),
+                       ("vllm:num_preemptions", "counter"),
+                       ("vllm:prefix_cache_queries", "counter"),
+                       ("vllm:prefix_cache_hits", "counter")]:
+        assert families[name].type == kind, name
+        [sample] = [s for s in families[name].samples if not s.name.endswith("_created")]
+        assert sample.labels == label, name
+    values = {s.name: s.value for f in families.values() for s in f.samples}
+    assert values["vllm:num_requests_running"] == values["vllm:num_requests_waiting"] == 0
+    assert 0 <= values["vllm:kv_cache_usage_perc"] <= 1
+    queried = values["vllm:prefix_cache_queries_total"]
+    hits = values["vllm:prefix_cache_hits_total"]
+    assert queried >= 2 * len(long_prompt) - 1 and 0 < hits < queried
+    for line in ("vllm:num_requests_running{", "vllm:prefix_cache_hits_total{",
+                 "vllm:kv_cache_usage_perc{"):
+        assert f'{line}engine="0",model_name="{MODEL}"}}' in text  # the exposition, verbatim
+    [config] = families["vllm:cache_config_info"].samples
+    assert int(config.labels["block_size"]) > 0 and int(config.labels["num_gpu_blocks"]) > 0
+    [lora] = families["vllm:lora_requests_info"].samples
+    assert lora.labels == {"running_lora_adapters": "", "waiting_lora_adapters": "",
+                           "max_lora": "2"}  # nothing in flight between requests
+    assert lora.value > 1.7e9  # the wall clock, as vLLM's
+
+
+def test_lora_requests_info_names_the_adapters_in_use():
+    from workers.lora.manager import AdapterStatus
+    from workers.server.metrics import _lora_info
+
+    family = _lora_info(4, [AdapterStatus("b", "device", False, 2, 8),
+                            AdapterStatus("a", "device", False, 1, 8),
+                            AdapterStatus("idle", "device", False, 0, 8),
+                            AdapterStatus("cold", "disk", False, 3, 8),
+                            AdapterStatus("warm", "cpu", False, 1, 8)])
+    [sample] = family.samples
+    assert sample.labels == {"running_lora_adapters": "a,b", "max_lora": "4",
+                             "waiting_lora_adapters": "cold,warm"}
+
+
+def test_models_lists_loaded_adapters_as_vllm_does(client, adapter, tiny_llama_path):
+    def models():
+        return client.get("/v1/models", headers=AUTH).json()["data"]
+
+    [base] = models()
+    assert base["id"] == MODEL and base["parent"] is None
+    assert base["root"] == str(tiny_llama_path) and base["max_model_len"] > 0
+    load = {"lora_name": "sql-lora", "lora_path": str(adapter)}
+    assert client.post("/v1/load_lora_adapter", headers=AUTH, json=load).status_code == 200
+    listed = models()
+    assert [m["id"] for m in listed] == [MODEL, "sql-lora"]
+    assert listed[1] == {"id": "sql-lora", "object": "model", "created": 0,
+                         "owned_by": "switchboard", "root": str(adapter), "parent": MODEL}
+    client.post("/v1/unload_lora_adapter", headers=AUTH, json={"lora_name": "sql-lora"})
+    assert [m["id"] for m in models()] == [MODEL]
+
+
 def test_the_gateways_tenant_fields_reach_the_fair_share(client):
     """tenant, engine_weight and priority (worker API fields the gateway sets from the key's
     plan) are checked, and the engine charges the named tenant: /stats shows its tokens."""
