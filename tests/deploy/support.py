@@ -14,7 +14,15 @@ PACKAGES = ("gateway", "workers", "tenancy", "caching", "billing")
 
 
 def settings_env_names() -> set[str]:
-    return {f"SWITCHBOARD_{name.upper()}" for name in Settings.model_fields}
+    """Every Settings field's variable, and SWITCHBOARD_<FIELD>__<NAME> for the fields of a
+    nested one (the embedded engine's)."""
+    names = set()
+    for name, field in Settings.model_fields.items():
+        names.add(f"SWITCHBOARD_{name.upper()}")
+        nested = getattr(field.annotation, "model_fields", None)
+        if isinstance(nested, dict):
+            names |= {f"SWITCHBOARD_{name.upper()}__{inner.upper()}" for inner in nested}
+    return names
 
 
 def source_env_names() -> set[str]:
