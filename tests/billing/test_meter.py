@@ -96,6 +96,32 @@ def crashed_process_outbox(directory: Path, request_ids: list[str]) -> None:
     assert box.close() == len(request_ids)
 
 
+async def test_records_arriving_during_a_write_wait_for_the_next_flush(sessionmaker, tmp_path):
+    """A flush writes what was pending when it began, in one batch: under load, records that
+    arrive meanwhile must not be chased with back-to-back transactions of one record each."""
+    meter = UsageMeter(sessionmaker, flush_interval_s=60, outbox_dir=tmp_path / "outbox")
+    writes: list[int] = []
+    write = meter._write
+
+    async def counting(records: list[dict[str, object]]) -> None:
+        writes.append(len(records))
+        if len(writes) <= 2:
+            meter.record(**record(f"late{len(writes)}"))  # a request answered meanwhile
+        await write(records)
+
+    meter._write = counting  # type: ignore[method-assign]
+    for i in range(3):
+        meter.record(**record(f"r{i}"))
+    assert await meter.flush() == 3
+    assert writes == [3] and meter.pending == 1
+    meter._stopping = True  # stopping drains everything, late arrivals included
+    assert await meter.flush() == 2
+    assert writes == [3, 1, 1] and meter.pending == 0
+    assert len(await stored(sessionmaker)) == 5
+    meter._write = write  # type: ignore[method-assign]
+    await meter.stop()
+
+
 async def test_outbox_replays_land_exactly_once(sessionmaker, tmp_path):
     outbox = tmp_path / "outbox"
     crashed_process_outbox(outbox, ["a", "b", "c"])
