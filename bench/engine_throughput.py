@@ -78,6 +78,27 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
     },
+    # Qwen3-MoE's shape sized for 2 cores (issue 37): 8 layers, hidden 1024, 16 heads of 128
+    # (8 KV), 64 experts of intermediate 256, 8 per token (renormalised), every layer sparse;
+    # SmolLM2's vocabulary (49,152, not Qwen's 151,936) so SmolLM2's tokenizer drives it.
+    "qwen3-moe": {
+        "architecture": "Qwen3MoeForCausalLM",
+        "hidden_size": 1024,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "moe_intermediate_size": 256,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    },
 }
 
 
@@ -123,48 +144,66 @@ def weight_bytes_read_per_step(model_path: Path, dtype_name: str) -> int:
 
 
 def build_random_model(name: str, base: Path) -> Path:
-    """Write a Llama-shaped checkpoint with random bf16 weights (cached; same config, same files).
+    """Write a checkpoint of `MODEL_CONFIGS[name]`'s shape (Llama unless it names another
+    `architecture`) with random bf16 weights (cached; same config, same files).
 
     Weights are drawn directly in bf16 from a seeded generator on CPU, so no CUDA context is
-    created in the parent process (it would skew the children's GPU memory sizing).
+    created in the parent process (it would skew the children's GPU memory sizing). Llama's
+    tensors are written under their state-dict names; another architecture's model is filled
+    in place and saved by transformers, which writes the checkpoint names every loader reads
+    (per-expert matrices for mixture-of-experts models, not transformers' stacked ones).
     """
     import torch
+    import transformers
     from safetensors.torch import save_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from workers.model_files import cache_root
 
     spec = MODEL_CONFIGS[name]
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     out = cache_root() / "bench" / f"{name}-random-{digest}"
-    if (out / "model.safetensors").is_file():
+    if any(out.glob("*.safetensors")):
         return out
+    settings = dict(spec)
+    architecture = settings.pop("architecture", "LlamaForCausalLM")
+    model_cls = getattr(transformers, architecture)
     base_cfg = json.loads((base / "config.json").read_text())
-    config = LlamaConfig(
-        **spec,
+    config = model_cls.config_class(
+        **settings,
         bos_token_id=base_cfg.get("bos_token_id"),
         eos_token_id=base_cfg.get("eos_token_id"),
         pad_token_id=base_cfg.get("pad_token_id"),
     )
-    config.architectures = ["LlamaForCausalLM"]
+    config.architectures = [architecture]
     config.dtype = "bfloat16"
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
     gen = torch.Generator().manual_seed(0)
-    tensors: dict[str, torch.Tensor] = {}
-    for key, shape in shapes.items():
-        if key == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        t = torch.empty(shape, dtype=torch.bfloat16)
+
+    def fill(key: str, t: torch.Tensor) -> torch.Tensor:
         if key.endswith("norm.weight"):
-            t.fill_(1.0)
-        else:
-            t.normal_(0.0, 0.02, generator=gen)
-        tensors[key] = t
+            return t.fill_(1.0)
+        return t.normal_(0.0, 0.02, generator=gen)
+
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(tmp)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    if architecture == "LlamaForCausalLM":
+        with torch.device("meta"):
+            shapes = {k: v.shape for k, v in model_cls(config).state_dict().items()}
+        tensors: dict[str, torch.Tensor] = {}
+        for key, shape in shapes.items():
+            if key == "lm_head.weight" and config.tie_word_embeddings:
+                continue
+            tensors[key] = fill(key, torch.empty(shape, dtype=torch.bfloat16))
+        config.save_pretrained(tmp)
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        with torch.device("meta"):
+            model = model_cls(config).to(torch.bfloat16)
+        model = model.to_empty(device="cpu")
+        with torch.no_grad():
+            for key, param in model.named_parameters():
+                fill(key, param)
+        model.save_pretrained(tmp)
+        del model
     for f in base.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
             shutil.copy2(f, tmp / f.name)
@@ -1140,7 +1179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     p.add_argument("--seed", type=int, default=STANDARD["seed"], help=d)
     p.add_argument("--model-config", default="smollm2", choices=("smollm2", *MODEL_CONFIGS),
-                   help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape")
+                   help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape; "
+                        "qwen3-moe = random bf16 Qwen3-MoE shape (64 experts, 8 per token)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads in every child (default 0 = torch's own default)")
     p.add_argument("--kv-cache-mib", type=float, default=None,

@@ -46,6 +46,9 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     for gemm in (lib.amx_gemm, lib.dot_gemm):
         gemm.restype = _INT
         gemm.argtypes = [_P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT]
+    for grouped in (lib.amx_grouped_gemm, lib.dot_grouped_gemm):
+        grouped.restype = _INT
+        grouped.argtypes = [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT, _INT]
     return lib
 
 
@@ -153,3 +156,32 @@ def amx_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, *,
         raise ValueError(f"the {kernel} kernel cannot multiply {tuple(rows.shape)} by a "
                          f"{out_features}-column weight")
     return out.view(*x.shape[:-1], out_features)
+
+
+def pack_experts(weights: torch.Tensor) -> torch.Tensor:
+    """Stacked expert weights [experts, out, in] in the tile layout, one expert after another
+    ([experts, out * in] bfloat16): the stack packed as one [experts * out, in] weight, since
+    each expert's columns are whole 32-column blocks."""
+    experts, out_features, in_features = weights.shape
+    return pack(weights.reshape(experts * out_features, in_features)).view(experts, -1)
+
+
+def grouped_linear(x: torch.Tensor, packed: torch.Tensor, offsets: torch.Tensor,
+                   out_features: int, *, kernel: str = "amx") -> torch.Tensor:
+    """Mixture-of-experts rows: rows offsets[e]:offsets[e + 1] of x [rows, in] (bfloat16)
+    times expert e's weight (`pack_experts`), every expert in one call; out bfloat16.
+    `offsets`: int64 [experts + 1], from 0 to rows."""
+    assert _takes(x) and kernel in KERNELS and offsets.dtype == torch.int64
+    experts = packed.shape[0]
+    in_features = x.shape[-1]
+    rows = x if x.stride(0) >= in_features else x.contiguous()
+    out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+    offsets = offsets.contiguous()
+    lib = load_library()
+    status = (lib.amx_grouped_gemm if kernel == "amx" else lib.dot_grouped_gemm)(
+        rows.data_ptr(), packed.data_ptr(), out.data_ptr(), offsets.data_ptr(), experts,
+        out_features, in_features, rows.stride(0), out.stride(0), 0, torch.get_num_threads())
+    if status != 0:
+        raise ValueError(f"the {kernel} kernel cannot multiply {tuple(rows.shape)} by "
+                         f"{experts} experts of {out_features} columns")
+    return out

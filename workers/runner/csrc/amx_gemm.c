@@ -76,6 +76,52 @@ static void emit(const float *sums, int rows, void *y, int64_t ldy, int64_t row,
     }
 }
 
+/* Rows [m_begin, m_end) of y's 32 columns from `col` = the same rows of x . the column pair's
+   packed tiles (w0: its first 16 columns, w1 the next 16), 32 rows at a time. `configured`:
+   the row count the tile configuration holds (-1: none yet). */
+static void amx_pair(const uint16_t *x, int64_t ldx, const uint16_t *w0, const uint16_t *w1,
+                     void *y, int64_t ldy, int64_t m_begin, int64_t m_end, int64_t col,
+                     int64_t kb_count, int out_f32, int *configured, float *sums) {
+    for (int64_t m0 = m_begin; m0 < m_end; m0 += 32) {
+        const int64_t left = m_end - m0;
+        const int rows = (int)(left < 32 ? left : 32);
+        const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
+        if (*configured != rows) {
+            configure(rows0, rows1);
+            *configured = rows;
+        }
+        const uint16_t *x0 = x + m0 * ldx, *x1 = x0 + 16 * ldx;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (rows1) {
+            _tile_zero(2);
+            _tile_zero(3);
+        }
+        for (int64_t kb = 0; kb < kb_count; kb++) {
+            _tile_loadd(4, x0 + kb * 32, ldx * 2);
+            _tile_loadd(6, w0 + kb * 512, 64);
+            _tile_loadd(7, w1 + kb * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            if (rows1) {
+                _tile_loadd(5, x1 + kb * 32, ldx * 2);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+        }
+        _tile_stored(0, sums, 128);
+        _tile_stored(1, sums + 16, 128);
+        emit(sums, rows0, y, ldy, m0, col, out_f32);
+        emit(sums + 16, rows0, y, ldy, m0, col + 16, out_f32);
+        if (rows1) {
+            _tile_stored(2, sums, 128);
+            _tile_stored(3, sums + 16, 128);
+            emit(sums, rows1, y, ldy, m0 + 16, col, out_f32);
+            emit(sums + 16, rows1, y, ldy, m0 + 16, col + 16, out_f32);
+        }
+    }
+}
+
 /* y [m, n] (row stride ldy elements) = x [m, k] (row stride ldx) . w^T, w packed by
    amx_pack. 0, or -1 for shapes the packing does not cover. */
 int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
@@ -89,48 +135,37 @@ int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int6
         for (int64_t mb = 0; mb < m; mb += ROW_BLOCK) {
             const int64_t m_end = mb + ROW_BLOCK < m ? mb + ROW_BLOCK : m;
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
-            const uint16_t *w0 = packed + (2 * p) * kb_count * 512;
-            const uint16_t *w1 = w0 + kb_count * 512;
-            for (int64_t m0 = mb; m0 < m_end; m0 += 32) {
-                const int64_t left = m_end - m0;
-                const int rows = (int)(left < 32 ? left : 32);
-                const int rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
-                if (configured != rows) {
-                    configure(rows0, rows1);
-                    configured = rows;
-                }
-                const uint16_t *x0 = x + m0 * ldx, *x1 = x0 + 16 * ldx;
-                _tile_zero(0);
-                _tile_zero(1);
-                if (rows1) {
-                    _tile_zero(2);
-                    _tile_zero(3);
-                }
-                for (int64_t kb = 0; kb < kb_count; kb++) {
-                    _tile_loadd(4, x0 + kb * 32, ldx * 2);
-                    _tile_loadd(6, w0 + kb * 512, 64);
-                    _tile_loadd(7, w1 + kb * 512, 64);
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_dpbf16ps(1, 4, 7);
-                    if (rows1) {
-                        _tile_loadd(5, x1 + kb * 32, ldx * 2);
-                        _tile_dpbf16ps(2, 5, 6);
-                        _tile_dpbf16ps(3, 5, 7);
-                    }
-                }
-                _tile_stored(0, sums, 128);
-                _tile_stored(1, sums + 16, 128);
-                emit(sums, rows0, y, ldy, m0, p * 32, out_f32);
-                emit(sums + 16, rows0, y, ldy, m0, p * 32 + 16, out_f32);
-                if (rows1) {
-                    _tile_stored(2, sums, 128);
-                    _tile_stored(3, sums + 16, 128);
-                    emit(sums, rows1, y, ldy, m0 + 16, p * 32, out_f32);
-                    emit(sums + 16, rows1, y, ldy, m0 + 16, p * 32 + 16, out_f32);
-                }
+            for (int64_t p = 0; p < pairs; p++) {
+                const uint16_t *w0 = packed + (2 * p) * kb_count * 512;
+                amx_pair(x, ldx, w0, w0 + kb_count * 512, y, ldy, mb, m_end, p * 32, kb_count,
+                         out_f32, &configured, sums);
             }
         }
+        if (configured != -1) _tile_release();
+    }
+    return 0;
+}
+
+/* Mixture-of-experts: `experts` weights [n, k] each, packed one after another (amx_pack of
+   the stacked [experts * n, k]); rows [offsets[e], offsets[e + 1]) of x go through expert e:
+   y [offsets[experts], n] = each run of x . its expert's w^T. All experts in one parallel
+   region, shared out by (expert, column pair); an expert without rows costs nothing. */
+int amx_grouped_gemm(const uint16_t *x, const uint16_t *packed, void *y, const int64_t *offsets,
+                     int64_t experts, int64_t n, int64_t k, int64_t ldx, int64_t ldy,
+                     int out_f32, int threads) {
+    if (n % 32 != 0 || k % 32 != 0 || experts < 1) return -1;
+    const int64_t kb_count = k / 32, pairs = n / 32, items = experts * pairs;
+#pragma omp parallel num_threads(threads)
+    {
+        float sums[32 * 32] __attribute__((aligned(64)));
+        int configured = -1;
+#pragma omp for schedule(dynamic, 4)
+        for (int64_t item = 0; item < items; item++) {
+            const int64_t e = item / pairs, p = item % pairs;
+            if (offsets[e] >= offsets[e + 1]) continue;
+            const uint16_t *w0 = packed + e * n * k + (2 * p) * kb_count * 512;
+            amx_pair(x, ldx, w0, w0 + kb_count * 512, y, ldy, offsets[e], offsets[e + 1],
+                     p * 32, kb_count, out_f32, &configured, sums);
         }
         if (configured != -1) _tile_release();
     }
@@ -145,6 +180,14 @@ int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int6
              int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
     (void)x, (void)packed, (void)y, (void)m, (void)n, (void)k, (void)ldx, (void)ldy;
     (void)out_f32, (void)threads;
+    return -1;
+}
+
+int amx_grouped_gemm(const uint16_t *x, const uint16_t *packed, void *y, const int64_t *offsets,
+                     int64_t experts, int64_t n, int64_t k, int64_t ldx, int64_t ldy,
+                     int out_f32, int threads) {
+    (void)x, (void)packed, (void)y, (void)offsets, (void)experts, (void)n, (void)k, (void)ldx;
+    (void)ldy, (void)out_f32, (void)threads;
     return -1;
 }
 
@@ -247,12 +290,41 @@ int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int6
     return 0;
 }
 
+/* amx_grouped_gemm's product by dot products: work shared out by (expert, 32 columns), each
+ * expert's rows 12 at a time. */
+int dot_grouped_gemm(const uint16_t *x, const uint16_t *packed, void *y, const int64_t *offsets,
+                     int64_t experts, int64_t n, int64_t k, int64_t ldx, int64_t ldy,
+                     int out_f32, int threads) {
+    if (n % 32 != 0 || k % 32 != 0 || experts < 1 || threads < 1) return -1;
+    const int64_t pairs = k / 2, panels = n / 32, items = experts * panels;
+    const int es = out_f32 ? 4 : 2;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 4)
+    for (int64_t item = 0; item < items; item++) {
+        const int64_t e = item / panels, p = item % panels;
+        const uint16_t *w = packed + e * n * k + p * 2 * pairs * 32;
+        for (int64_t m0 = offsets[e]; m0 < offsets[e + 1]; m0 += 12) {
+            const int64_t left = offsets[e + 1] - m0;
+            dot_rows(x + m0 * ldx, ldx, w, pairs, (char *)y + (m0 * ldy + p * 32) * es, ldy,
+                     out_f32, (const char *)w, 0, (int)(left < 12 ? left : 12), 2);
+        }
+    }
+    return 0;
+}
+
 #else
 
 int dot_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
              int64_t k, int64_t ldx, int64_t ldy, int out_f32, int threads) {
     (void)x, (void)packed, (void)y, (void)m, (void)n, (void)k, (void)ldx, (void)ldy;
     (void)out_f32, (void)threads;
+    return -1;
+}
+
+int dot_grouped_gemm(const uint16_t *x, const uint16_t *packed, void *y, const int64_t *offsets,
+                     int64_t experts, int64_t n, int64_t k, int64_t ldx, int64_t ldy,
+                     int out_f32, int threads) {
+    (void)x, (void)packed, (void)y, (void)offsets, (void)experts, (void)n, (void)k, (void)ldx;
+    (void)ldy, (void)out_f32, (void)threads;
     return -1;
 }
 

@@ -17,8 +17,7 @@ never a loop over tokens. `kernel`:
 - `loop`: one `F.linear` per expert that has tokens, over a view of its stacked weight;
 - `auto`: `grouped` where this PyTorch runs it for the device and dtype (a trial, once), else
   `loop`.
-Each pair's output is scaled by its router weight and added into its token's row
-(`index_add_`).
+Each token's pairs are then summed, weighted by the router (one batched matmul).
 
 Not served on the experts (refused by name, never silently skipped): LoRA (an adapter may
 target attention only: `DecoderModel.lora_packing`) and int8 weights.
@@ -27,14 +26,15 @@ target attention only: `DecoderModel.lora_packing`) and int8 weights.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.runner import cpu_fused
-from workers.runner.linear import Linear
+from workers.runner import cpu_amx, cpu_fused
+from workers.runner.linear import Linear, LinearKernel
 from workers.runner.lora import LoRABatch
 from workers.runner.models.layers import ACTIVATIONS, Arch
 
@@ -115,6 +115,21 @@ class SparseMoE(nn.Module):
         self.experts = Experts(num_experts, arch.hidden_size, intermediate, names)
         self.kernel = "auto"  # EXPERT_KERNELS
         self.fused = False  # SiLU-and-multiply through the C kernel (`use_elementwise`)
+        self.tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # `pack_experts`
+
+    def pack_experts(self, tiles: str | None) -> None:
+        """With a `cpu_amx` kernel (`amx`, `dot`: the runner's bfloat16 tile backends), the
+        experts' weights are packed into its tile layout, which replaces the stacked copy, and
+        every routed matmul runs there, all experts of a projection in one call. Without one,
+        or where the sizes are not whole tiles, the stacked weights stay."""
+        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
+        if tiles is None or not (cpu_amx.packable(gate_up.weight[0])
+                                 and cpu_amx.packable(down.weight[0])):
+            return
+        self.tiles = (cpu_amx.pack_experts(gate_up.weight), cpu_amx.pack_experts(down.weight))
+        self.kernel = tiles
+        for stacked in (gate_up, down):
+            stacked.weight = nn.Parameter(stacked.weight.new_empty(0), requires_grad=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, experts), each [tokens, top_k]: float32 weights, or in x's dtype where
@@ -132,7 +147,7 @@ class SparseMoE(nn.Module):
         weights, experts = self.route(x)
         return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
                               self.experts.down_proj.weight, self._activate,
-                              kernel=pick_expert_kernel(self.kernel, x))
+                              kernel=pick_expert_kernel(self.kernel, x), tiles=self.tiles)
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused and self.act is F.silu:
@@ -142,18 +157,31 @@ class SparseMoE(nn.Module):
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
-                   gate_up: torch.Tensor, down: torch.Tensor, activate, *,
-                   kernel: str = "loop") -> torch.Tensor:
+                   gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor],
+                   activate: Callable[[torch.Tensor], torch.Tensor], *, kernel: str = "loop",
+                   linear: LinearKernel = F.linear,
+                   tiles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """sum over k of weights[t, k] * expert_{experts[t, k]}(x[t]) for every token t, where
-    expert e(v) = down[e] @ activate(gate_up[e] @ v). `gate_up` [E, 2n, H], `down` [E, H, n]."""
-    num_experts = gate_up.shape[0]
-    top_k = experts.shape[1]
+    expert e(v) = down[e] @ activate(gate_up[e] @ v). `gate_up` [E, 2n, H], `down` [E, H, n]
+    (stacked; for `loop`, any sequence of per-expert weights `linear` takes; for the tile
+    kernels, `amx` and `dot`, `tiles` holds both packed by `cpu_amx.pack_experts` instead).
+
+    The pairs' outputs are gathered back into (token, k) order and summed by one batched
+    matmul with the weights (a scatter-add, `index_add_`, took 10-50x longer on CPU)."""
+    tokens, top_k = experts.shape
     flat = experts.reshape(-1)
     order = flat.argsort(stable=True)  # pairs by expert; token order within each expert
+    num_experts = len(gate_up) if tiles is None else tiles[0].shape[0]
     counts = torch.bincount(flat, minlength=num_experts)
-    tokens = order // top_k
-    rows = x.index_select(0, tokens)
-    if kernel == "grouped":
+    rows = x.index_select(0, order // top_k)
+    if kernel in cpu_amx.KERNELS:
+        assert tiles is not None
+        offsets = torch.zeros(num_experts + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=offsets[1:])
+        hidden = activate(cpu_amx.grouped_linear(
+            rows, tiles[0], offsets, tiles[0].shape[1] // x.shape[1], kernel=kernel))
+        out = cpu_amx.grouped_linear(hidden, tiles[1], offsets, x.shape[1], kernel=kernel)
+    elif kernel == "grouped":
         offsets = counts.cumsum(0, dtype=torch.int32)
         hidden = activate(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets))
         out = torch._grouped_mm(hidden, down.transpose(1, 2), offs=offsets)
@@ -163,12 +191,15 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
         for e, count in enumerate(counts.tolist()):
             if count:
                 run = slice(start, start + count)
-                out[run] = F.linear(activate(F.linear(rows[run], gate_up[e])), down[e])
+                out[run] = linear(activate(linear(rows[run], gate_up[e], None)), down[e], None)
                 start += count
-    scale = weights.reshape(-1).index_select(0, order).unsqueeze(-1)
-    out = (out * scale).to(x.dtype)  # a float32 scale multiplies in float32
-    result = torch.zeros_like(x)
-    return result.index_add_(0, tokens, out)
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    pairs = out.index_select(0, back).view(tokens, top_k, -1)
+    if weights.dtype == x.dtype:
+        return torch.bmm(weights.unsqueeze(1), pairs).squeeze(1)
+    # float32 weights (Mixtral): each product in float32, rounded, then summed, as HF does
+    return (pairs * weights.unsqueeze(-1)).to(x.dtype).sum(dim=1)
 
 
 @functools.cache
@@ -188,6 +219,8 @@ def grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
 
 
 def pick_expert_kernel(name: str, x: torch.Tensor) -> str:
+    if name in cpu_amx.KERNELS:  # packed by `pack_experts`
+        return name
     if name not in EXPERT_KERNELS:
         raise ValueError(f"expert kernel must be one of {', '.join(EXPERT_KERNELS)}")
     if name == "auto":

@@ -22,6 +22,7 @@ from tests.workers.runner.models.families import (
 from tests.workers.runner.models.test_loading import rewrite_weights
 from workers import LLM, SamplingParams
 from workers.lora.adapter import AdapterError
+from workers.runner import cpu_amx
 from workers.runner.models import experts as experts_module
 from workers.runner.models import family_of
 from workers.runner.models import weights as weights_module
@@ -66,6 +67,34 @@ def test_routed_experts_equal_a_per_token_reference(kernel, tokens):
     got = routed_experts(x, weights, experts, gate_up, down, activate, kernel=kernel)
     want = naive_experts(x, weights, experts, gate_up, down)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", cpu_amx.KERNELS)
+def test_tile_kernels_take_every_expert_in_one_call(kernel):
+    """bfloat16 experts packed in the tile layout (`pack_experts`, as the `amx` and
+    `avx512_bf16` linear backends pack them): the block's output is the stacked weights' within
+    bfloat16 rounding, and the stacked copy is gone."""
+    if not cpu_amx.kernel_available(kernel):
+        pytest.skip(f"no {kernel} kernel on this CPU")
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        num_attention_heads=4, num_key_value_heads=2)
+    arch = family_of({"model_type": "qwen3_moe"}).arch(config)
+    torch.manual_seed(2)
+    block = arch.mlp(arch, 0)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.normal_(0, 0.3)
+    block = block.to(torch.bfloat16)
+    x = torch.randn(29, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        want = block(x, None).float()
+        block.pack_experts(kernel)
+        assert block.tiles is not None and block.experts.gate_up_proj.weight.numel() == 0
+        got = block(x, None).float()
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
 @pytest.mark.parametrize(("family", "norm"), [("qwen3_moe", True), ("qwen3_moe", False),
