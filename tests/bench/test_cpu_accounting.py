@@ -12,14 +12,19 @@ import pytest
 
 from bench import engine_throughput as et
 
-# The child starts a grandchild that spins for `spin` seconds, does not wait for it, and
-# exits once the grandchild is done (so only tree sampling can see the grandchild's CPU).
+# The child starts a grandchild that spins until it has used `spin` seconds of CPU (not of
+# wall time: on a busy machine it gets a share of a core) and then leaves a file; the child
+# sleeps until the file is there and exits without waiting for it (so only tree sampling can
+# see the grandchild's CPU).
 CHILD = """
-import subprocess, sys, time
+import os, subprocess, sys, tempfile, time
 spin = float(sys.argv[1])
+done = os.path.join(tempfile.mkdtemp(), "done")
 g = subprocess.Popen([sys.executable, "-c",
-    "import time\\nend = time.monotonic() + %r\\nwhile time.monotonic() < end: pass" % spin])
-time.sleep(spin + 0.6)
+    "import time\\nwhile time.process_time() < %r: pass\\nopen(%r, 'w').close()"
+    % (spin, done)])
+while not os.path.exists(done):
+    time.sleep(0.05)
 """
 
 
