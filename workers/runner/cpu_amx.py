@@ -167,15 +167,20 @@ def pack_experts(weights: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_linear(x: torch.Tensor, packed: torch.Tensor, offsets: torch.Tensor,
-                   out_features: int, *, kernel: str = "amx") -> torch.Tensor:
+                   out_features: int, *, kernel: str = "amx",
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Mixture-of-experts rows: rows offsets[e]:offsets[e + 1] of x [rows, in] (bfloat16)
-    times expert e's weight (`pack_experts`), every expert in one call; out bfloat16.
-    `offsets`: int64 [experts + 1], from 0 to rows."""
+    times expert e's weight (`pack_experts`), every expert in one call; out bfloat16 (into
+    `out`, [rows, out_features] with dense rows, where given). `offsets`: int64
+    [experts + 1], from 0 to rows."""
     assert _takes(x) and kernel in KERNELS and offsets.dtype == torch.int64
     experts = packed.shape[0]
     in_features = x.shape[-1]
     rows = x if x.stride(0) >= in_features else x.contiguous()
-    out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+    if out is None:
+        out = torch.empty(rows.shape[0], out_features, dtype=torch.bfloat16)
+    assert out.shape == (rows.shape[0], out_features) and out.dtype == torch.bfloat16
+    assert out.stride(1) == 1
     offsets = offsets.contiguous()
     lib = load_library()
     status = (lib.amx_grouped_gemm if kernel == "amx" else lib.dot_grouped_gemm)(

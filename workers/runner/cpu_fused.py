@@ -33,6 +33,7 @@ _SIGNATURES = {
     "add_rms_norm": [_P, _P, _P, _P, _I64, _I64, ctypes.c_float, _INT, _INT],
     "rope": [_P, _P, _P, _P, _I64, _I64, _INT, _INT, _INT],
     "store_kv": [_P, _I64, _I64, _I64, _INT, _INT, _P, _P, _P, _INT],
+    "moe_sum": [_P, _P, _P, _P, _I64, _I64, _I64, _I64, _I64, _INT],
 }
 
 
@@ -79,12 +80,16 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def silu_mul(gate_up: torch.Tensor, *, march: str = "native") -> torch.Tensor:
-    """silu(gate) * up for gate_up = [rows, 2n] (gate first), as one [rows, n] tensor."""
+def silu_mul(gate_up: torch.Tensor, *, march: str = "native",
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """silu(gate) * up for gate_up = [rows, 2n] (gate first), as one [rows, n] tensor (into
+    `out`, a [rows, n] tensor with dense rows, where given)."""
     rows, width = gate_up.shape
     n = width // 2
     assert gate_up.stride(1) == 1
-    out = torch.empty(rows, n, dtype=gate_up.dtype)
+    if out is None:
+        out = torch.empty(rows, n, dtype=gate_up.dtype)
+    assert out.shape == (rows, n) and out.dtype == gate_up.dtype and out.stride(1) == 1
     _kernel("silu_mul", gate_up.dtype, march)(gate_up.data_ptr(), out.data_ptr(), rows, n,
                                               gate_up.stride(0), out.stride(0), _threads())
     return out
@@ -129,3 +134,21 @@ def store_kv(qkv: torch.Tensor, k_col: int, kv_heads: int, head_dim: int, rows: 
     _kernel("store_kv", qkv.dtype, march)(qkv.data_ptr(), tokens, qkv.stride(0), k_col,
                                           kv_heads, head_dim, rows.data_ptr(),
                                           k_cache.data_ptr(), v_cache.data_ptr(), _threads())
+
+
+def moe_sum(rows: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, *,
+            march: str = "native") -> torch.Tensor:
+    """y[t] = sum_j weights[t, j] * rows[index[t, j]] ([tokens, n], rows' dtype; float32 sums):
+    a mixture-of-experts layer's outputs, one row per (token, expert) pair in the experts'
+    order, gathered back to their tokens and weighted by the router. `index` int64 and
+    `weights` float32, both [tokens, k]."""
+    tokens, k = index.shape
+    n = rows.shape[1]
+    assert rows.stride(1) == 1 and index.dtype == torch.int64 and weights.dtype == torch.float32
+    index, weights = index.contiguous(), weights.contiguous()
+    assert weights.shape == index.shape
+    out = torch.empty(tokens, n, dtype=rows.dtype)
+    _kernel("moe_sum", rows.dtype, march)(rows.data_ptr(), index.data_ptr(), weights.data_ptr(),
+                                          out.data_ptr(), tokens, k, n, rows.stride(0),
+                                          out.stride(0), _threads())
+    return out

@@ -124,6 +124,33 @@ static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
         }                                                                                     \
     }
 
+/* Mixture-of-experts: y[t] = sum_j w[t * k + j] * rows[index[t * k + j]] for each token t:
+ * the experts' output rows (sorted by expert) gathered back to their tokens and weighted by
+ * the router, summed in float32 and rounded once; 512 columns at a time. */
+#define MOE_SUM_COLUMNS 512
+#define DEFINE_MOE_SUM(T, SUFFIX)                                                             \
+    void moe_sum_##SUFFIX(const T *rows, const int64_t *index, const float *w, T *y,         \
+                          int64_t tokens, int64_t k, int64_t n, int64_t rows_stride,          \
+                          int64_t y_stride, int threads) {                                    \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * k * n >= PARALLEL_MIN)") \
+        for (int64_t t = 0; t < tokens; t++) {                                                \
+            float acc[MOE_SUM_COLUMNS];                                                       \
+            for (int64_t c0 = 0; c0 < n; c0 += MOE_SUM_COLUMNS) {                             \
+                const int64_t width = n - c0 < MOE_SUM_COLUMNS ? n - c0 : MOE_SUM_COLUMNS;    \
+                for (int64_t i = 0; i < width; i++) acc[i] = 0.0f;                            \
+                for (int64_t j = 0; j < k; j++) {                                             \
+                    const T *row = rows + index[t * k + j] * rows_stride + c0;                \
+                    const float weight = w[t * k + j];                                        \
+                    _Pragma("omp simd")                                                       \
+                    for (int64_t i = 0; i < width; i++)                                       \
+                        acc[i] += weight * load_##SUFFIX(row + i);                            \
+                }                                                                             \
+                T *o = y + t * y_stride + c0;                                                 \
+                for (int64_t i = 0; i < width; i++) store_##SUFFIX(o + i, acc[i]);            \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
 DEFINE_SILU_MUL(float, f32)
 DEFINE_SILU_MUL(bf16, bf16)
 DEFINE_ADD_RMS_NORM(float, f32)
@@ -132,3 +159,5 @@ DEFINE_ROPE(float, f32)
 DEFINE_ROPE(bf16, bf16)
 DEFINE_STORE_KV(float, f32)
 DEFINE_STORE_KV(bf16, bf16)
+DEFINE_MOE_SUM(float, f32)
+DEFINE_MOE_SUM(bf16, bf16)

@@ -26,6 +26,7 @@ target attention only: `DecoderModel.lora_packing`) and int8 weights.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -124,7 +125,8 @@ class SparseMoE(nn.Module):
         or where the sizes are not whole tiles, the stacked weights stay."""
         gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
         if tiles is None or not (cpu_amx.packable(gate_up.weight[0])
-                                 and cpu_amx.packable(down.weight[0])):
+                                 and cpu_amx.packable(down.weight[0])
+                                 and cpu_amx.kernel_available(tiles)):
             return
         self.tiles = (cpu_amx.pack_experts(gate_up.weight), cpu_amx.pack_experts(down.weight))
         self.kernel = tiles
@@ -147,46 +149,79 @@ class SparseMoE(nn.Module):
         weights, experts = self.route(x)
         return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
                               self.experts.down_proj.weight, self._activate,
-                              kernel=pick_expert_kernel(self.kernel, x), tiles=self.tiles)
+                              kernel=pick_expert_kernel(self.kernel, x), tiles=self.tiles,
+                              fused=self.fused)
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused and self.act is F.silu:
-            return cpu_fused.silu_mul(gate_up)
+            out = scratch("hidden", gate_up.shape[0], self.intermediate, gate_up)
+            return cpu_fused.silu_mul(gate_up, out=out)
         gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.act(gate) * up
+
+
+class _Workspace(threading.local):
+    def __init__(self) -> None:
+        self.buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+
+_workspace = _Workspace()
+
+
+def scratch(name: str, rows: int, columns: int, like: torch.Tensor) -> torch.Tensor:
+    """A [rows, columns] tensor of `like`'s dtype for a layer's intermediate results, reused
+    by every layer and step of this thread on CPU, grown on demand: a prefill's pairs are tens
+    of megabytes, and fresh pages from the OS for each cost as much as the work on them (a
+    gather into a new tensor took 5-10x one into a reused one). Elsewhere, a new tensor."""
+    if like.device.type != "cpu":
+        return torch.empty(rows, columns, dtype=like.dtype, device=like.device)
+    key = (name, like.dtype)
+    buf = _workspace.buffers.get(key)
+    if buf is None or buf.numel() < rows * columns:
+        with torch.inference_mode(False):  # writable under inference mode and outside it
+            buf = _workspace.buffers[key] = torch.empty(max(rows * columns, 1), dtype=like.dtype)
+    return buf[: rows * columns].view(rows, columns)
 
 
 def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor,
                    gate_up: Sequence[torch.Tensor], down: Sequence[torch.Tensor],
                    activate: Callable[[torch.Tensor], torch.Tensor], *, kernel: str = "loop",
                    linear: LinearKernel = F.linear,
-                   tiles: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                   tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   fused: bool = False) -> torch.Tensor:
     """sum over k of weights[t, k] * expert_{experts[t, k]}(x[t]) for every token t, where
     expert e(v) = down[e] @ activate(gate_up[e] @ v). `gate_up` [E, 2n, H], `down` [E, H, n]
     (stacked; for `loop`, any sequence of per-expert weights `linear` takes; for the tile
     kernels, `amx` and `dot`, `tiles` holds both packed by `cpu_amx.pack_experts` instead).
 
-    The pairs' outputs are gathered back into (token, k) order and summed by one batched
-    matmul with the weights (a scatter-add, `index_add_`, took 10-50x longer on CPU)."""
+    The pairs' outputs come out in the experts' order; each token's are gathered back and
+    summed, weighted: with `fused` (the C kernels are on), in one pass (`cpu_fused.moe_sum`,
+    float32 sums), else by a gather and one batched matmul (a scatter-add, `index_add_`,
+    took 10-50x longer on CPU)."""
     tokens, top_k = experts.shape
+    hidden_size = x.shape[1]
     flat = experts.reshape(-1)
     order = flat.argsort(stable=True)  # pairs by expert; token order within each expert
     num_experts = len(gate_up) if tiles is None else tiles[0].shape[0]
     counts = torch.bincount(flat, minlength=num_experts)
-    rows = x.index_select(0, order // top_k)
+    pairs = flat.numel()
+    rows = torch.index_select(x, 0, order // top_k,
+                              out=scratch("rows", pairs, hidden_size, x))
     if kernel in cpu_amx.KERNELS:
         assert tiles is not None
         offsets = torch.zeros(num_experts + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=offsets[1:])
-        hidden = activate(cpu_amx.grouped_linear(
-            rows, tiles[0], offsets, tiles[0].shape[1] // x.shape[1], kernel=kernel))
-        out = cpu_amx.grouped_linear(hidden, tiles[1], offsets, x.shape[1], kernel=kernel)
+        width = tiles[0].shape[1] // hidden_size
+        gated = cpu_amx.grouped_linear(rows, tiles[0], offsets, width, kernel=kernel,
+                                       out=scratch("gate_up", pairs, width, x))
+        out = cpu_amx.grouped_linear(activate(gated), tiles[1], offsets, hidden_size,
+                                     kernel=kernel, out=scratch("out", pairs, hidden_size, x))
     elif kernel == "grouped":
         offsets = counts.cumsum(0, dtype=torch.int32)
         hidden = activate(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets))
         out = torch._grouped_mm(hidden, down.transpose(1, 2), offs=offsets)
     else:
-        out = torch.empty(rows.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
+        out = scratch("out", pairs, hidden_size, x)
         start = 0
         for e, count in enumerate(counts.tolist()):
             if count:
@@ -194,12 +229,15 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
                 out[run] = linear(activate(linear(rows[run], gate_up[e], None)), down[e], None)
                 start += count
     back = torch.empty_like(order)
-    back[order] = torch.arange(order.numel(), device=order.device)
-    pairs = out.index_select(0, back).view(tokens, top_k, -1)
+    back[order] = torch.arange(pairs, device=order.device)
+    if fused:
+        return cpu_fused.moe_sum(out, back.view(tokens, top_k), weights.float())
+    gathered = torch.index_select(out, 0, back, out=scratch("rows", pairs, hidden_size, x))
+    gathered = gathered.view(tokens, top_k, hidden_size)
     if weights.dtype == x.dtype:
-        return torch.bmm(weights.unsqueeze(1), pairs).squeeze(1)
+        return torch.bmm(weights.unsqueeze(1), gathered).squeeze(1)
     # float32 weights (Mixtral): each product in float32, rounded, then summed, as HF does
-    return (pairs * weights.unsqueeze(-1)).to(x.dtype).sum(dim=1)
+    return (gathered * weights.unsqueeze(-1)).to(x.dtype).sum(dim=1)
 
 
 @functools.cache

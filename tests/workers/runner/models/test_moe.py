@@ -23,6 +23,7 @@ from tests.workers.runner.models.test_loading import rewrite_weights
 from workers import LLM, SamplingParams
 from workers.lora.adapter import AdapterError
 from workers.runner import cpu_amx
+from workers.runner.cpu_fused import pick_elementwise
 from workers.runner.models import experts as experts_module
 from workers.runner.models import family_of
 from workers.runner.models import weights as weights_module
@@ -47,11 +48,15 @@ def naive_experts(x, weights, experts, gate_up, down):
     return out
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch-sum", "c-sum"])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("tokens", [1, 3, 40])
-def test_routed_experts_equal_a_per_token_reference(kernel, tokens):
+def test_routed_experts_equal_a_per_token_reference(kernel, tokens, fused):
     """Every (token, expert) pair lands on its token with its weight, whatever the experts'
-    loads (some get none: 6 experts, top 2, few tokens)."""
+    loads (some get none: 6 experts, top 2, few tokens); the pairs summed back by PyTorch's
+    gather and batched matmul, or by the C kernel (`cpu_fused.moe_sum`)."""
+    if fused and pick_elementwise("auto", torch.device("cpu"), torch.float32) != "cpu":
+        pytest.skip("the C element-wise kernels do not build here")
     torch.manual_seed(tokens)
     num_experts, hidden, inter, top_k = 6, 16, 8, 2
     x = torch.randn(tokens, hidden)
@@ -64,7 +69,8 @@ def test_routed_experts_equal_a_per_token_reference(kernel, tokens):
         gate, up = h.split(inter, dim=-1)
         return F.silu(gate) * up
 
-    got = routed_experts(x, weights, experts, gate_up, down, activate, kernel=kernel)
+    got = routed_experts(x, weights, experts, gate_up, down, activate, kernel=kernel,
+                         fused=fused)
     want = naive_experts(x, weights, experts, gate_up, down)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
@@ -94,7 +100,10 @@ def test_tile_kernels_take_every_expert_in_one_call(kernel):
         block.pack_experts(kernel)
         assert block.tiles is not None and block.experts.gate_up_proj.weight.numel() == 0
         got = block(x, None).float()
-    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+        block.fused = True  # SiLU-and-multiply and the weighted sum by the C kernels
+        fused = block(x, None).float()
+    for out in (got, fused):
+        torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
 
 
 @pytest.mark.parametrize(("family", "norm"), [("qwen3_moe", True), ("qwen3_moe", False),
