@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -24,7 +25,10 @@ from sqlalchemy import select, update
 from gateway.app import create_app
 from gateway.batches import lines
 from gateway.batches.endpoints import ENDPOINTS
-from gateway.batches.worker import usage_of
+from gateway.batches.files import FileStore
+from gateway.batches.worker import BatchWorker, Pending, Run, usage_of
+from gateway.errors import APIError
+from gateway.settings import Settings
 from tenancy.batches import Batch
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.models import UsageRecord
@@ -144,6 +148,63 @@ def test_usage_of_reads_every_endpoints_words():
     assert usage_of(entry({"input_tokens": 4, "output_tokens": 1})) == (4, 0, 1)
     assert usage_of(entry({"prompt_tokens": 6, "total_tokens": 6})) == (6, 0, 0)
     assert usage_of({"response": None, "error": {"code": "batch_expired"}}) == (0, 0, 0)
+
+
+# --- the worker's choices (unit) ----------------------------------------------------------
+
+
+def bare_worker(**overrides: Any) -> BatchWorker:
+    gw = SimpleNamespace(settings=Settings(batch_retry_s=7.0, **overrides))
+    return BatchWorker(gw, FileStore(Path("/nonexistent")))  # type: ignore[arg-type]
+
+
+def bare_run(worker: BatchWorker, batch_id: str, tenant: str, created_s: int, lines_left: int,
+             **fields: Any) -> Run:
+    run = Run(batch_id, tenant, "key", datetime(2026, 1, 1, tzinfo=UTC) + timedelta(
+        seconds=created_s), datetime(2026, 1, 2, tzinfo=UTC), ENDPOINTS[CHAT_URL],
+        Path("/nonexistent"), Path("/nonexistent"), "in_progress", **fields)
+    run.pending.extend(Pending(i, 0, 1, f"{batch_id}-{i}") for i in range(lines_left))
+    worker.runs[batch_id] = run
+    worker._activate(run)
+    return run
+
+
+def test_the_next_line_is_the_least_busy_then_least_served_tenants():
+    worker = bare_worker()
+    a_old = bare_run(worker, "a-old", "A", 0, 5)
+    bare_run(worker, "a-new", "A", 10, 5)
+    b = bare_run(worker, "b", "B", 20, 5)
+    assert worker._pick(0.0) is a_old  # both idle and unserved: by tenant, then oldest batch
+    worker._tenant_in_flight["A"] = 1
+    assert worker._pick(0.0) is b  # A has a line in flight, B none
+    worker._tenant_in_flight["B"] = 1
+    worker._served.update(A=3.0, B=1.0)
+    assert worker._pick(0.0) is b  # as busy: the least served
+    b.not_before = 5.0
+    assert worker._pick(0.0) is a_old and worker._pick(5.0) is b  # B waits out a retry-after
+    b.cap = 1
+    assert worker._pick(5.0) is a_old  # B's own cap (half its concurrency limit) is full
+    b.stopping = "cancelled"
+    worker._tenant_in_flight.clear()
+    assert worker._pick(5.0) is a_old  # a cancelled batch starts nothing new
+
+
+def test_a_tenant_back_from_idle_starts_level_with_the_least_served():
+    worker = bare_worker()
+    bare_run(worker, "a", "A", 0, 5)
+    worker._served["A"] = 40.0
+    worker._served["B"] = 2.0  # B's service long ago
+    bare_run(worker, "b", "B", 1, 5)
+    assert worker._served["B"] == 40.0  # not 38 lines ahead of A for having been away
+
+
+def test_which_refusals_wait_and_for_how_long():
+    worker = bare_worker()
+    assert worker._retry_after(APIError(429, "slow down", headers={"retry-after": "3"})) == 3
+    assert worker._retry_after(APIError(429, "budget", code="insufficient_quota")) == 7.0
+    assert worker._retry_after(APIError(503, "nothing can serve it now")) == 7.0
+    for status in (400, 401, 403, 404, 500, 502):
+        assert worker._retry_after(APIError(status, "no")) is None
 
 
 # --- in-process, over a mock upstream ------------------------------------------------------
