@@ -133,6 +133,11 @@ def test_gateways_share_one_database_redis_and_secrets(services: dict[str, Any])
                 if v.split(":")[1] == adapters]
     for name in WORKERS:
         assert f"{volume}:{adapters}:ro" in services[name]["volumes"]
+    # Batches resume on any replica: their files are on one volume the gateways share.
+    files = env["SWITCHBOARD_FILES_DIR"]
+    mounts = [{v for v in services[name]["volumes"] if v.split(":")[1] == files}
+              for name in ("gateway-1", "gateway-2")]
+    assert mounts[0] and mounts[0] == mounts[1]
 
 
 def test_every_setting_is_real(services: dict[str, Any]) -> None:
