@@ -570,9 +570,9 @@ class BatchWorker:
     async def _dispatch(self) -> None:
         while True:
             now = time.monotonic()
+            self._changed.clear()  # before looking: a change from here on wakes the wait
             run = self._pick(now)
             if run is None or self._in_flight >= self._limit():
-                self._changed.clear()
                 wait = LOAD_POLL_S if run is not None else self._next_wait(now)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), wait)
