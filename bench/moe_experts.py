@@ -11,8 +11,11 @@ qwen3-moe`) at several token counts, one layer, with each way of multiplying the
 - `loop`: one `F.linear` per expert that has tokens (MKL for float32 on CPU);
 - `loop_onednn`: the same through oneDNN's matmul (`linear.onednn_linear`) on the dense slices;
 - `loop_packed`: oneDNN with each expert's weights blocked once (`linear.pack_weight`);
-- `amx`: bfloat16 only, where this CPU has AMX: the experts' weights packed into AMX tiles,
-  all experts of a projection in one C call (`cpu_amx.grouped_linear`).
+- `vec`: float32 only: the experts' weights packed into 16-column blocks, all experts of a
+  projection in one C call (`cpu_moe.grouped_linear`);
+- `amx`, `dot`: bfloat16 only, where this CPU has AMX / AVX-512 BF16: the experts' weights
+  packed into AMX's tile layout, all experts of a projection in one C call
+  (`cpu_amx.grouped_linear`).
 
 The kernels run in rounds, one call of each per round in turn, so a machine whose speed drifts
 (a shared VM) drifts for all of them alike; the median and the best of the rounds are printed
@@ -37,7 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from bench.machine import cpu_model, simd_flags  # noqa: E402
-from workers.runner import cpu_amx  # noqa: E402
+from workers.runner import cpu_amx, cpu_moe  # noqa: E402
 from workers.runner.linear import onednn_linear, pack_weight  # noqa: E402
 from workers.runner.models.experts import grouped_mm_runs, routed_experts  # noqa: E402
 
@@ -66,7 +69,11 @@ def candidates(dtype: torch.dtype) -> dict[str, object]:
     if grouped_mm_runs("cpu", dtype):
         runs["grouped"] = lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
                                                          kernel="grouped")
-    if dtype == torch.bfloat16 and hasattr(cpu_amx, "pack_experts"):
+    if dtype == torch.float32 and cpu_moe.available():
+        vec = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
+        runs["vec"] = lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
+                                                     kernel="vec", tiles=vec)
+    if dtype == torch.bfloat16:
         for kernel in cpu_amx.KERNELS:
             if cpu_amx.kernel_available(kernel):
                 tiles = (cpu_amx.pack_experts(gate_up), cpu_amx.pack_experts(down))

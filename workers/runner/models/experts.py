@@ -34,12 +34,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workers.runner import cpu_amx, cpu_fused
+from workers.runner import cpu_amx, cpu_fused, cpu_moe
 from workers.runner.linear import Linear, LinearKernel
 from workers.runner.lora import LoRABatch
 from workers.runner.models.layers import ACTIVATIONS, Arch
 
 EXPERT_KERNELS = ("auto", "grouped", "loop")
+# kernels over weights `SparseMoE.pack_experts` packed: float32 blocks, bfloat16 tiles
+PACKED_KERNELS = ("vec", *cpu_amx.KERNELS)
 
 
 @dataclass(frozen=True)
@@ -119,18 +121,24 @@ class SparseMoE(nn.Module):
         self.tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # `pack_experts`
 
     def pack_experts(self, tiles: str | None) -> None:
-        """With a `cpu_amx` kernel (`amx`, `dot`: the runner's bfloat16 tile backends), the
-        experts' weights are packed into its tile layout, which replaces the stacked copy, and
-        every routed matmul runs there, all experts of a projection in one call. Without one,
-        or where the sizes are not whole tiles, the stacked weights stay."""
-        gate_up, down = self.experts.gate_up_proj, self.experts.down_proj
-        if tiles is None or not (cpu_amx.packable(gate_up.weight[0])
-                                 and cpu_amx.packable(down.weight[0])
-                                 and cpu_amx.kernel_available(tiles)):
+        """Pack the experts' weights once for a kernel that takes every expert of a projection
+        in one call; the packed copy replaces the stacked one. bfloat16 with a `cpu_amx` tile
+        kernel (`amx`, `dot`: the runner's bfloat16 tile backends): its tile layout; float32
+        on CPU: `cpu_moe`'s 16-column blocks (`vec`). Otherwise, or where the sizes do not
+        fit the layout, the stacked weights stay (`auto`: PyTorch's grouped matmul)."""
+        gate_up, down = self.experts.gate_up_proj.weight, self.experts.down_proj.weight
+        if gate_up.dtype == torch.bfloat16 and tiles is not None:
+            if not (cpu_amx.packable(gate_up[0]) and cpu_amx.packable(down[0])
+                    and cpu_amx.kernel_available(tiles)):
+                return
+            self.tiles = (cpu_amx.pack_experts(gate_up), cpu_amx.pack_experts(down))
+            self.kernel = tiles
+        elif cpu_moe.packable(gate_up) and cpu_moe.packable(down) and cpu_moe.available():
+            self.tiles = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
+            self.kernel = "vec"
+        else:
             return
-        self.tiles = (cpu_amx.pack_experts(gate_up.weight), cpu_amx.pack_experts(down.weight))
-        self.kernel = tiles
-        for stacked in (gate_up, down):
+        for stacked in (self.experts.gate_up_proj, self.experts.down_proj):
             stacked.weight = nn.Parameter(stacked.weight.new_empty(0), requires_grad=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,15 +215,22 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     pairs = flat.numel()
     rows = torch.index_select(x, 0, order // top_k,
                               out=scratch("rows", pairs, hidden_size, x))
-    if kernel in cpu_amx.KERNELS:
+    if kernel in PACKED_KERNELS:
         assert tiles is not None
         offsets = torch.zeros(num_experts + 1, dtype=torch.int64)
         torch.cumsum(counts, 0, out=offsets[1:])
         width = tiles[0].shape[1] // hidden_size
-        gated = cpu_amx.grouped_linear(rows, tiles[0], offsets, width, kernel=kernel,
-                                       out=scratch("gate_up", pairs, width, x))
-        out = cpu_amx.grouped_linear(activate(gated), tiles[1], offsets, hidden_size,
-                                     kernel=kernel, out=scratch("out", pairs, hidden_size, x))
+        gate_up_out = scratch("gate_up", pairs, width, x)
+        out = scratch("out", pairs, hidden_size, x)
+        if kernel == "vec":
+            gated = cpu_moe.grouped_linear(rows, tiles[0], offsets, width, out=gate_up_out)
+            out = cpu_moe.grouped_linear(activate(gated), tiles[1], offsets, hidden_size,
+                                         out=out)
+        else:
+            gated = cpu_amx.grouped_linear(rows, tiles[0], offsets, width, kernel=kernel,
+                                           out=gate_up_out)
+            out = cpu_amx.grouped_linear(activate(gated), tiles[1], offsets, hidden_size,
+                                         kernel=kernel, out=out)
     elif kernel == "grouped":
         offsets = counts.cumsum(0, dtype=torch.int32)
         hidden = activate(torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=offsets))
@@ -257,7 +272,7 @@ def grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
 
 
 def pick_expert_kernel(name: str, x: torch.Tensor) -> str:
-    if name in cpu_amx.KERNELS:  # packed by `pack_experts`
+    if name in PACKED_KERNELS:  # packed by `pack_experts`
         return name
     if name not in EXPERT_KERNELS:
         raise ValueError(f"expert kernel must be one of {', '.join(EXPERT_KERNELS)}")

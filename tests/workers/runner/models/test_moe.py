@@ -22,9 +22,8 @@ from tests.workers.runner.models.families import (
 from tests.workers.runner.models.test_loading import rewrite_weights
 from workers import LLM, SamplingParams
 from workers.lora.adapter import AdapterError
-from workers.runner import cpu_amx
+from workers.runner import cpu_amx, cpu_moe
 from workers.runner.cpu_fused import pick_elementwise
-from workers.runner.models import experts as experts_module
 from workers.runner.models import family_of
 from workers.runner.models import weights as weights_module
 from workers.runner.models.experts import SparseMoE, grouped_mm_runs, routed_experts
@@ -49,7 +48,8 @@ def naive_experts(x, weights, experts, gate_up, down):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["torch-sum", "c-sum"])
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", [*KERNELS, pytest.param("vec", marks=pytest.mark.skipif(
+    not cpu_moe.available(), reason="the MoE kernel does not build here"))])
 @pytest.mark.parametrize("tokens", [1, 3, 40])
 def test_routed_experts_equal_a_per_token_reference(kernel, tokens, fused):
     """Every (token, expert) pair lands on its token with its weight, whatever the experts'
@@ -69,8 +69,11 @@ def test_routed_experts_equal_a_per_token_reference(kernel, tokens, fused):
         gate, up = h.split(inter, dim=-1)
         return F.silu(gate) * up
 
+    tiles = None
+    if kernel == "vec":  # float32 experts packed for the C kernel
+        tiles = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
     got = routed_experts(x, weights, experts, gate_up, down, activate, kernel=kernel,
-                         fused=fused)
+                         fused=fused, tiles=tiles)
     want = naive_experts(x, weights, experts, gate_up, down)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
@@ -157,15 +160,32 @@ def test_qwen3_moe_renormalised_with_dense_layers_matches_hf(tmp_path, tokenizer
     assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
 
 
-def test_moe_on_torch_paths_and_the_loop_kernel(tmp_path, tokenizer, monkeypatch):
-    """PyTorch's element-wise ops and attention (the CUDA fallbacks), experts as one matmul
-    per expert."""
-    monkeypatch.setattr(experts_module, "pick_expert_kernel", lambda name, x: "loop")
+def test_moe_on_torch_paths_and_the_loop_kernel(tmp_path, tokenizer):
+    """PyTorch's projections, element-wise ops and attention (the CUDA fallbacks): the experts
+    stay stacked (nothing is packed) and run as one matmul per expert."""
     hf = build_family(tmp_path, tokenizer, "mixtral")
     llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24, block_size=8,
-              elementwise="torch", attention_backend="torch", prefill_attention="masked",
-              **CPU32)
+              linear_backend="torch", elementwise="torch", attention_backend="torch",
+              prefill_attention="masked", **CPU32)
+    for layer in llm.engine.runner.model.layers:
+        assert layer.mlp.tiles is None
+        layer.mlp.kernel = "loop"
     prompts = random_prompts(4, seed=3, lo=5, hi=50)
+    assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
+
+
+def test_float32_experts_are_packed_for_the_c_kernel(tmp_path, tokenizer):
+    """The default CPU backend packs float32 experts once for `cpu_moe` (`vec`): the stacked
+    copy is gone and the tokens are HF's."""
+    if not cpu_moe.available():
+        pytest.skip("the MoE kernel does not build here")
+    hf = build_family(tmp_path, tokenizer, "qwen3_moe")
+    llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, **CPU32)
+    sparse = [layer.mlp for layer in llm.engine.runner.model.layers
+              if isinstance(layer.mlp, SparseMoE)]
+    assert sparse and all(m.kernel == "vec" and m.experts.gate_up_proj.weight.numel() == 0
+                          for m in sparse)
+    prompts = random_prompts(4, seed=8, lo=5, hi=50)
     assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
 
 
@@ -212,3 +232,22 @@ def test_a_missing_expert_is_named_as_the_checkpoint_names_it(tmp_path, tokenize
     rewrite_weights(tmp_path, lambda t: t.pop(name))
     with pytest.raises(ValueError, match=rf"lacks weights: '{name}'".replace(".", r"\.")):
         LLM(str(tmp_path), kv_cache_memory=4 << 20, **CPU32)
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])
+def test_float32_kernel_on_each_cpu_target(march):
+    """`cpu_moe` built for AVX-512 (native here), AVX2 and SSE2: each expert's run of rows
+    times its weight, experts without rows included, column counts not a whole register
+    tile (48 = 3 blocks)."""
+    try:
+        cpu_moe.load_library(march)
+    except RuntimeError as exc:
+        pytest.skip(f"cannot build for {march}: {exc}")
+    torch.manual_seed(4)
+    weights = torch.randn(5, 48, 40)
+    offsets = torch.tensor([0, 3, 3, 17, 18, 25])
+    x = torch.randn(25, 40)
+    got = cpu_moe.grouped_linear(x, cpu_moe.pack_experts(weights, march=march), offsets, 48,
+                                 march=march)
+    want = torch.cat([x[offsets[e]:offsets[e + 1]] @ weights[e].T for e in range(5)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
