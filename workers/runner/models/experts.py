@@ -10,14 +10,19 @@ The experts' weights are stacked, gate and up fused as in the MLP: `gate_up_proj
 checkpoint's per-expert matrices land in their rows (`checkpoint_sources`, names per family).
 
 The experts run as grouped matmuls: the (token, expert) pairs are sorted by expert, so each
-expert's tokens are one contiguous run of rows, and one matmul per expert takes its run whole;
-never a loop over tokens. `kernel`:
-- `grouped`: PyTorch's `_grouped_mm`, every expert's matmul in one call (no Python per
-  expert);
-- `loop`: one `F.linear` per expert that has tokens, over a view of its stacked weight;
-- `auto`: `grouped` where this PyTorch runs it for the device and dtype (a trial, once), else
-  `loop`.
-Each token's pairs are then summed, weighted by the router (one batched matmul).
+expert's tokens are one contiguous run of rows, and each projection takes every expert's run
+whole; never a loop over tokens. `kernel`:
+- `vec` (float32 on CPU) and `amx` / `dot` (bfloat16 on CPU with the runner's tile backends):
+  the weights packed once (`SparseMoE.pack_experts`, replacing the stacked copy), every expert
+  of a projection in one C call (`cpu_moe`, `cpu_amx.grouped_linear`);
+- `grouped`: PyTorch's `_grouped_mm` over the stacked weights (on CPU, PyTorch's own loop of one
+  matmul per expert);
+- `loop`: one matmul per expert that has tokens, over a view of its stacked weight;
+- `auto` (unpacked weights): `grouped` where this PyTorch runs it for the device and dtype (a
+  trial, once), else `loop`.
+Each token's pairs are then summed back, weighted by the router: in one C pass with the
+element-wise kernels on (`cpu_fused.moe_sum`), else a gather and one batched matmul. A layer's
+intermediate tensors live in per-thread buffers reused by every layer (`scratch`).
 
 Not served on the experts (refused by name, never silently skipped): LoRA (an adapter may
 target attention only: `DecoderModel.lora_packing`) and int8 weights.
@@ -42,6 +47,10 @@ from workers.runner.models.layers import ACTIVATIONS, Arch
 EXPERT_KERNELS = ("auto", "grouped", "loop")
 # kernels over weights `SparseMoE.pack_experts` packed: float32 blocks, bfloat16 tiles
 PACKED_KERNELS = ("vec", *cpu_amx.KERNELS)
+# Below this many pairs per expert on average, AMX's tiles (16 rows each) sit mostly empty and
+# AVX-512 BF16 dot products over the same packed weights were faster: 0.91x AMX's time at 1
+# and 8 tokens of 8 per token over 64 experts, 1.44x at 64 (bench/moe_experts.py).
+FEW_ROWS = 2
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,8 @@ class SparseMoE(nn.Module):
         self.kernel = "auto"  # EXPERT_KERNELS
         self.fused = False  # SiLU-and-multiply through the C kernel (`use_elementwise`)
         self.tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # `pack_experts`
+        # below FEW_ROWS (token, expert) pairs per expert on average, this kernel instead
+        self.few_rows_kernel: str | None = None
 
     def pack_experts(self, tiles: str | None) -> None:
         """Pack the experts' weights once for a kernel that takes every expert of a projection
@@ -133,6 +144,8 @@ class SparseMoE(nn.Module):
                 return
             self.tiles = (cpu_amx.pack_experts(gate_up), cpu_amx.pack_experts(down))
             self.kernel = tiles
+            if tiles == "amx" and cpu_amx.kernel_available("dot"):
+                self.few_rows_kernel = "dot"  # the same layout
         elif cpu_moe.packable(gate_up) and cpu_moe.packable(down) and cpu_moe.available():
             self.tiles = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
             self.kernel = "vec"
@@ -155,10 +168,12 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: LoRABatch | None) -> torch.Tensor:
         weights, experts = self.route(x)
+        kernel = pick_expert_kernel(self.kernel, x)
+        if self.few_rows_kernel is not None and experts.numel() < FEW_ROWS * self.num_experts:
+            kernel = self.few_rows_kernel
         return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
-                              self.experts.down_proj.weight, self._activate,
-                              kernel=pick_expert_kernel(self.kernel, x), tiles=self.tiles,
-                              fused=self.fused)
+                              self.experts.down_proj.weight, self._activate, kernel=kernel,
+                              tiles=self.tiles, fused=self.fused)
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused and self.act is F.silu:

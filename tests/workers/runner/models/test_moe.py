@@ -78,6 +78,30 @@ def test_routed_experts_equal_a_per_token_reference(kernel, tokens, fused):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
 
 
+def test_amx_hands_few_rows_to_dot_products(monkeypatch):
+    """With AMX, a step of fewer than 2 pairs per expert on average goes to the AVX-512 BF16
+    kernel over the same packed weights (tiles of 16 rows would sit mostly empty)."""
+    if not (cpu_amx.kernel_available("amx") and cpu_amx.kernel_available("dot")):
+        pytest.skip("no AMX here")
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(
+        hidden_size=64, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        num_attention_heads=4, num_key_value_heads=2)
+    arch = family_of({"model_type": "qwen3_moe"}).arch(config)
+    block = arch.mlp(arch, 0).to(torch.bfloat16)
+    block.pack_experts("amx")
+    used = []
+    real = cpu_amx.grouped_linear
+    monkeypatch.setattr(cpu_amx, "grouped_linear",
+                        lambda *a, kernel, **k: used.append(kernel) or real(*a, kernel=kernel,
+                                                                            **k))
+    with torch.no_grad():
+        block(torch.randn(7, 64, dtype=torch.bfloat16), None)  # 14 pairs, 8 experts
+        block(torch.randn(8, 64, dtype=torch.bfloat16), None)  # 16
+    assert used == ["dot", "dot", "amx", "amx"]
+
+
 @pytest.mark.parametrize("kernel", cpu_amx.KERNELS)
 def test_tile_kernels_take_every_expert_in_one_call(kernel):
     """bfloat16 experts packed in the tile layout (`pack_experts`, as the `amx` and
