@@ -151,6 +151,9 @@ class SparseMoE(nn.Module):
             self.kernel = "vec"
         else:
             return
+        # buffers, so the model's weight bytes (`quantization.weight_bytes`) count them
+        self.register_buffer("gate_up_packed", self.tiles[0], persistent=False)
+        self.register_buffer("down_packed", self.tiles[1], persistent=False)
         for stacked in (self.experts.gate_up_proj, self.experts.down_proj):
             stacked.weight = nn.Parameter(stacked.weight.new_empty(0), requires_grad=False)
 
