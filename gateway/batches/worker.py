@@ -71,6 +71,7 @@ logger = logging.getLogger(__name__)
 BATCH_PRIORITY = 10  # the last within a tenant (engine_share); plans may ask -10..10
 CHECKPOINT_S = 1.0  # counts written, lease renewed, cancel and expiry looked for
 LOAD_POLL_S = 0.05  # how often a held-back dispatcher looks at live traffic again
+STOP_GRACE_S = 10.0  # stop() waits this long for cancelled work, then for the leases' write
 EXPIRED = {"code": "batch_expired",
            "message": "This request could not be executed before the completion window "
                       "expired."}
@@ -263,16 +264,21 @@ class BatchWorker:
         for task in (*self._lines, *self._tasks):
             task.cancel()
         left = list(self.runs.values())  # the runs' tasks forget them as they end
-        await asyncio.gather(*self._loops, *self._lines, *self._tasks, return_exceptions=True)
+        tasks = {*self._loops, *self._lines, *self._tasks}
+        if tasks:  # bounded: a shutdown never hangs on one stuck line or a locked database
+            _, stuck = await asyncio.wait(tasks, timeout=STOP_GRACE_S)
+            if stuck:
+                logger.error("batch worker stopped with %d task(s) still running: %s",
+                             len(stuck), ", ".join(sorted(t.get_name() for t in stuck)))
         try:
-            async with self.gw.sessionmaker() as session:
+            async with asyncio.timeout(STOP_GRACE_S), self.gw.sessionmaker() as session:
                 for run in left:  # the counts as far as the partial files go
                     await session.execute(
                         update(Batch).where(Batch.id == run.id, Batch.lease_owner == self.owner)
                         .values(**self._counts(run))
                         .execution_options(synchronize_session=False))
                 await rows.release(session, owner=self.owner)
-        except (SQLAlchemyError, OSError) as exc:
+        except (SQLAlchemyError, OSError, TimeoutError) as exc:
             logger.warning("batch leases not given back (%s); they lapse in %g s",
                            type(exc).__name__, self.settings.batch_lease_s)
 
@@ -300,8 +306,7 @@ class BatchWorker:
                 await self._claim_open()
             except (SQLAlchemyError, OSError) as exc:
                 logger.warning("looking for batches failed: %s", type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.batch_poll_interval_s)
+            await wait_for_event(self._wake, self.settings.batch_poll_interval_s)
             self._wake.clear()
 
     async def _claim_open(self) -> None:
@@ -357,8 +362,7 @@ class BatchWorker:
             self._activate(run)
             last = time.monotonic()
             while not run.done:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(run.changed.wait(), CHECKPOINT_S)
+                await wait_for_event(run.changed, CHECKPOINT_S)
                 run.changed.clear()
                 if time.monotonic() - last >= CHECKPOINT_S:
                     await self._checkpoint(run)
@@ -574,8 +578,7 @@ class BatchWorker:
             run = self._pick(now)
             if run is None or self._in_flight >= self._limit():
                 wait = LOAD_POLL_S if run is not None else self._next_wait(now)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                await wait_for_event(self._changed, wait)
                 continue
             line = run.pending.popleft()
             run.in_flight += 1
@@ -670,6 +673,14 @@ class BatchWorker:
         if exc.status == 503:
             return self.settings.batch_retry_s
         return None
+
+
+async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
+    """Until `event` is set or `timeout_s` has passed. Not `asyncio.wait_for`: on Python 3.11
+    it drops a cancel that comes as the event is set, and a loop around it never stops."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
 
 
 def expires_at(created_at: datetime, window: str) -> datetime:

@@ -207,6 +207,23 @@ def test_which_refusals_wait_and_for_how_long():
         assert worker._retry_after(APIError(status, "no")) is None
 
 
+@pytest.mark.parametrize("spins", range(3))
+async def test_a_wakeup_that_meets_the_cancel_does_not_keep_the_dispatcher_running(spins):
+    # On Python 3.11, asyncio.wait_for drops a cancel that comes as the awaited event is set;
+    # the dispatcher then looped on and shutdown hung (a CI teardown ran into its timeout).
+    worker = bare_worker()
+    task = asyncio.create_task(worker._dispatch())
+    for _ in range(2):
+        await asyncio.sleep(0)
+    worker._changed.set()
+    for _ in range(spins):
+        await asyncio.sleep(0)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=1.0)
+    task.cancel()
+    assert done
+
+
 # --- in-process, over a mock upstream ------------------------------------------------------
 
 
