@@ -15,8 +15,8 @@ A batch's life here:
                  `batch_max_concurrency` at once over every batch of the process (fewer
                  while live requests are in flight), chosen fairly between tenants (the
                  tenant with the fewest lines in flight, then the least served by plan
-                 weight); each at priority 10 (the last within its tenant) and the plan's
-                 batch price
+                 weight); each at priority 10, the engine's background class (run only in
+                 what live requests of every tenant leave), and the plan's batch price
     finalizing   the partial output and error files become the tenant's files
     completed    ... or cancelled (a cancel stops new lines; those in flight finish), or
                  expired (the window passed: the lines not answered go to the error file as
@@ -65,10 +65,13 @@ from gateway.request_path import Origin
 from gateway.state import GatewayState
 from tenancy import batches as rows
 from tenancy.batches import OPEN_STATUSES, Batch, StoredFile, new_file_id
+from workers.engine.sequence import BACKGROUND_PRIORITY
 
 logger = logging.getLogger(__name__)
 
-BATCH_PRIORITY = 10  # the last within a tenant (engine_share); plans may ask -10..10
+# The engine's background class (the lowest of -10..10): batch lines run only in what live
+# traffic leaves, of every tenant, not just last within their own (workers/engine/scheduler).
+BATCH_PRIORITY = BACKGROUND_PRIORITY
 CHECKPOINT_S = 1.0  # counts written, lease renewed, cancel and expiry looked for
 LOAD_POLL_S = 0.05  # how often a held-back dispatcher looks at live traffic again
 STOP_GRACE_S = 10.0  # stop() waits this long for cancelled work, then for the leases' write

@@ -94,7 +94,9 @@ class FairShare:
 
 class FairQueue:
     """Waiting sequences: the least-served tenant first; within a tenant, higher priority,
-    then arrival (the FCFS queue's order). Same methods as `PriorityFCFSQueue`."""
+    then arrival (the FCFS queue's order). Background sequences (`Sequence.is_background`)
+    come after every foreground one, whatever the tenants' counters: a batch tenant's lines
+    never go ahead of live traffic. Same methods as `PriorityFCFSQueue`."""
 
     def __init__(self, share: FairShare) -> None:
         self.share = share
@@ -109,7 +111,14 @@ class FairQueue:
         heads = [heap[0] for heap in self._heaps.values()]
         if not heads:
             raise IndexError("peek from an empty queue")
-        return min(heads, key=lambda head: (self.share.counter(head[1]), head[0]))[1]
+        return min(heads, key=lambda head: self._order(*head))[1]
+
+    def _order(self, key: tuple[int, int, int], seq: Sequence
+               ) -> tuple[bool, float, tuple[int, int, int]]:
+        """Admission order: foreground first, then least served, then the tenant's order.
+        A tenant's head is background only when it has no foreground request waiting, since
+        background is the lowest priority."""
+        return (seq.is_background, self.share.counter(seq), key)
 
     def pop(self) -> Sequence:
         seq = self.peek()
@@ -151,5 +160,5 @@ class FairQueue:
     def __iter__(self) -> Iterator[Sequence]:
         """In admission order if nothing were charged meanwhile (for inspection)."""
         entries = [entry for heap in self._heaps.values() for entry in heap]
-        entries.sort(key=lambda entry: (self.share.counter(entry[1]), entry[0]))
+        entries.sort(key=lambda entry: self._order(*entry))
         return (seq for _, seq in entries)

@@ -1,7 +1,8 @@
 """The waiting queue: which request is admitted next. A replaceable piece.
 
 Today: strict priority, FCFS within a priority. Per-tenant weighted fair share slots in as
-another class with the same four methods.
+another class with the same four methods. Background sequences (the lowest priority,
+`BACKGROUND_PRIORITY`) sort after every foreground one here by priority alone.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ chunk for a prompt being prefilled), then admits waiting ones with chunks of wha
 When blocks run out the lowest-priority, newest running sequence is preempted and will be
 recomputed, so the oldest work always progresses and nothing deadlocks.
 
+Background sequences (the lowest priority, `BACKGROUND_PRIORITY`: batch lines) run in what
+foreground ones leave: they are admitted only when no foreground request waits that could
+start, their chunks come after every foreground chunk of the step (so a foreground request
+admitted this step prefills first), and they give up seats and blocks to foreground ones
+before any foreground sequence is preempted.
+
 With LoRA, running requests use at most `max_loras` distinct adapters (pinned ones count
 too), so every running adapter has a device slot and none is ever evicted while in use. A
 waiting request whose adapter does not fit is passed over, not waited on.
@@ -106,6 +112,13 @@ class SchedulerConfig:
     # by more than that of the other tenants in the step in flight, may run in a step of its
     # own between two of that step's layers (`schedule_interjection`; 0: never).
     interject_tokens: int = 0
+    # While foreground sequences run, at most this many background ones decode in a step (0:
+    # no limit; background prompt chunks are bounded by the budget foreground work leaves).
+    # A decode step is bound by reading the weights once while it has few rows, so a handful
+    # of batch rows costs a live token little; dozens would make every step compute-bound
+    # and slow each live token. Past the limit the oldest background sequences decode and
+    # the rest wait, keeping their blocks (foreground pressure preempts them first).
+    background_decode_slots: int = 8
 
 
 MIN_SHARED_CHUNK = 16
@@ -113,6 +126,17 @@ MAX_INTERJECT_PER_TENANT = 8  # waiting requests of one tenant an interjection l
 
 
 POLICIES = ("fair", "fcfs")
+
+
+@dataclass
+class _Room:
+    """What is left of one step while `schedule` hands it out."""
+
+    budget: int  # tokens (and draft slots) for running sequences
+    prefill: int  # prompt tokens running prefills may still take
+    yielded: set[str | None]  # tenants whose prefills sit this step out (fair hold-back)
+    speculate: bool
+    shared: StepRoom
 
 
 class Scheduler:
@@ -142,52 +166,101 @@ class Scheduler:
         self.waiting.push(seq)
 
     def schedule(self) -> SchedulerOutput:
+        """One step: running foreground sequences, then foreground admissions, then running
+        background sequences with what is left, then background admissions if no foreground
+        request is left waiting. Without background work this is the plain order: running
+        first, then admissions."""
         out = SchedulerOutput(finished_seq_ids=self._finished_seq_ids)
         self._finished_seq_ids = []
+        background = {s.seq_id for s in self.running if s.is_background}
         budget = self.config.max_num_batched_tokens
         # With the cap on and requests waiting, running prefills leave room for one capped
         # chunk of admissions: several long prompts never take a whole step between them.
         cap = self.config.long_prefill_token_threshold
-        prefill_room = budget - cap if cap and self.waiting else budget
-        yielded = self._tenants_to_hold_back()  # their prefills sit this step out
-        speculate = self._speculation_pays()
-        shared = StepRoom(self.cost, self._shared_units(), MIN_SHARED_CHUNK)
-        i = 0
-        while i < len(self.running) and budget > 0:
+        room = _Room(
+            budget=budget,
+            prefill=budget - cap if cap and self._foreground_waiting() else budget,
+            yielded=self._tenants_to_hold_back(),  # their prefills sit this step out
+            speculate=self._speculation_pays(),
+            shared=StepRoom(self.cost, self._shared_units(), MIN_SHARED_CHUNK),
+        )
+        self._schedule_running(0, True, out, room)
+        active = self.active_loras()
+        passed_over: list[Sequence] = []
+        # memory is short for foreground work: admit nothing new this step
+        foreground_done = (not any(i not in background for i in out.preempted_seq_ids)
+                           and self._admit(False, out, room, active, passed_over))
+        start = next((i for i, s in enumerate(self.running) if s.is_background),
+                     len(self.running))
+        if start < len(self.running):
+            room.budget = self.config.max_num_batched_tokens - sum(
+                c.num_tokens + c.num_draft_slots for c in out.chunks)
+            room.prefill = room.budget - cap if cap and self.waiting else room.budget
+            self._schedule_running(start, False, out, room)
+        if foreground_done and not out.preempted_seq_ids:
+            self._admit(True, out, room, active, passed_over)
+        for seq in passed_over:
+            self.waiting.push(seq)
+        return out
+
+    def _foreground_waiting(self) -> bool:
+        """Whether a foreground request waits: both queues put them before background."""
+        return bool(self.waiting) and not self.waiting.peek().is_background
+
+    def _schedule_running(self, i: int, foreground: bool, out: SchedulerOutput,
+                          room: _Room) -> None:
+        """A chunk for each running sequence from `running[i]` on, foreground ones only or
+        background ones only (background sequences sort last: the lowest priority)."""
+        limit = self.config.background_decode_slots
+        if foreground or not any(not s.is_background for s in self.running):
+            limit = 0  # background decodes are limited only beside foreground work
+        decodes = 0
+        while i < len(self.running) and room.budget > 0:
             seq = self.running[i]
-            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
+            if foreground and seq.is_background:
+                break
+            num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, room.budget))
             if num_new > 1:  # a prefill chunk: within what is left of the prefill room
-                num_new = min(num_new, max(prefill_room, 0))
-                if seq.tenant in yielded:
+                num_new = min(num_new, max(room.prefill, 0))
+                if seq.tenant in room.yielded:
                     num_new = 0  # a less-served tenant waits: its prompt goes first
-                num_new = shared.take(num_new, seq.num_computed_tokens)
-                prefill_room -= num_new
+                num_new = room.shared.take(num_new, seq.num_computed_tokens)
+                room.prefill -= num_new
             elif num_new == 1:
-                shared.charge(1, seq.num_computed_tokens)
+                if limit and decodes >= limit:
+                    num_new = 0  # enough background rows beside foreground work
+                else:
+                    decodes += 1
+                    room.shared.charge(1, seq.num_computed_tokens)
             if num_new == 0:  # its next token has not been sampled yet, or no room left
                 i += 1
                 continue
             if not self._make_room(i, num_new, out):
                 continue  # seq itself was preempted: running[i] is the next one now
-            drafts = self._propose(seq, budget - num_new) if speculate and num_new == 1 else 0
+            drafts = (self._propose(seq, room.budget - num_new)
+                      if room.speculate and num_new == 1 else 0)
             out.chunks.append(self._allocate(seq, num_new, out, drafts))
-            budget -= out.chunks[-1].num_tokens + out.chunks[-1].num_draft_slots
+            room.budget -= out.chunks[-1].num_tokens + out.chunks[-1].num_draft_slots
             i += 1
-        if out.preempted_seq_ids:
-            return out  # memory is short: admit nothing new this step
-        active = self.active_loras()
-        passed_over: list[Sequence] = []
+
+    def _admit(self, background: bool, out: SchedulerOutput, room: _Room, active: set[int],
+               passed_over: list[Sequence]) -> bool:
+        """Admit waiting sequences of one class in queue order while they can start. True
+        when none of that class is left to try; False when one could not start (it and
+        those after it wait for a later step)."""
         while self.waiting:
             budget = self.config.max_num_batched_tokens - out.num_batched_tokens
             if budget <= 0:
-                break
+                return False
             seq = self.waiting.peek()
-            if seq.tenant in yielded:
-                break  # nor do their new prompts start in this step
+            if seq.is_background != background:
+                return True  # the queue holds background work only now
+            if seq.tenant in room.yielded:
+                return False  # nor do their new prompts start in this step
             width = seq.sampling_params.n if seq.pending_forks else 1
             if (len(self.running) + width > self.config.max_num_seqs
                     and not self._free_a_seat(seq, width, out)):
-                break
+                return False
             if not self._lora_fits(seq.lora_id, active):
                 passed_over.append(self.waiting.pop())
                 continue
@@ -198,24 +271,22 @@ class Scheduler:
             num_new = self._capped(min(seq.num_tokens - seq.num_computed_tokens, budget))
             if num_new > 1:
                 wanted = num_new
-                num_new = shared.take(num_new, seq.num_computed_tokens)
+                num_new = room.shared.take(num_new, seq.num_computed_tokens)
                 if num_new < min(wanted, MIN_SHARED_CHUNK):
                     # the step is full, or has room for a sliver only (which would leave it
                     # running behind others' prefills): it starts next step
                     self.block_manager.free(seq)
-                    break
+                    return False
             if not self._admit_room(seq, num_new, out):
                 self.block_manager.free(seq)  # hand the matched blocks back (still cached)
-                break
+                return False
             self.waiting.pop()
             seq.status = SequenceStatus.RUNNING
             out.chunks.append(self._allocate(seq, num_new, out))
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
             if seq.lora_id is not None:
                 active.add(seq.lora_id)
-        for seq in passed_over:
-            self.waiting.push(seq)
-        return out
+        return True
 
     def schedule_interjection(self, in_flight: SchedulerOutput) -> SchedulerOutput:
         """A step run while `in_flight` is paused between two layers, for waiting requests
@@ -226,22 +297,29 @@ class Scheduler:
         prompt fits `interject_tokens` with the others taken, and free blocks, a seat and an
         adapter slot are there without preempting anyone (seats past `max_num_seqs`:
         `_may_overfill`). Running sequences are not touched: the step in flight owns their
-        blocks."""
+        blocks. Background requests never interject; background chunks in flight bound no
+        one: with no other tenant's foreground work in the step, any foreground request of a
+        tenant may interject (foreground goes first, whatever the tenants' service)."""
         out = SchedulerOutput()
-        if not isinstance(self.waiting, FairQueue) or not self.waiting:
+        if not isinstance(self.waiting, FairQueue) or not self._foreground_waiting():
             return out
         live = {s.seq_id: s for s in self.running}
-        stepping = {live[c.seq_id].tenant: self.share.counter(live[c.seq_id])
-                    for c in in_flight.chunks if c.seq_id in live}
+        in_step = [live[c.seq_id] for c in in_flight.chunks if c.seq_id in live]
+        stepping = {s.tenant: self.share.counter(s) for s in in_step if not s.is_background}
+        behind_background = any(s.is_background for s in in_step)
         budget = self.config.interject_tokens
 
         def ceiling(tenant: str | None) -> float:
             others = [counter for t, counter in stepping.items() if t != tenant]
-            return min(others) + self.config.interject_tokens if others else -math.inf
+            if others:
+                return min(others) + self.config.interject_tokens
+            return math.inf if behind_background else -math.inf
 
         active = self.active_loras()
         seats = Counter(s.tenant for s in self.running)
         for seq in self.waiting.candidates(ceiling, MAX_INTERJECT_PER_TENANT):
+            if seq.is_background:
+                continue
             width = seq.sampling_params.n if seq.pending_forks else 1
             over = len(self.running) + width > self.config.max_num_seqs
             if ((over and not self._may_overfill(seq.tenant, seats[seq.tenant], width))
@@ -292,18 +370,33 @@ class Scheduler:
         return self.cost.units_in(self.config.shared_step_s)
 
     def _free_a_seat(self, seq: Sequence, width: int, out: SchedulerOutput) -> bool:
-        """Under `fair`, when every seat (`max_num_seqs`) is taken and `seq`'s tenant has
-        none: preempt the most-served tenant's newest sequence for it. A tenant with a seat
-        waits its turn, so this happens at most once per tenant that finds itself shut out,
-        never back and forth."""
+        """When every seat (`max_num_seqs`) is taken. A foreground `seq` takes background
+        sequences' seats first, newest first, under either policy, where that is enough.
+        Else, under `fair` and when `seq`'s tenant has none: preempt the most-served tenant's
+        newest sequence for it (background ones first; a background `seq` only ever takes a
+        background seat). A tenant with a seat waits its turn, so this happens at most once
+        per tenant that finds itself shut out, never back and forth."""
+        seats = self.config.max_num_seqs - width
+        if not seq.is_background and sum(
+                not s.is_background for s in self.running) <= seats:
+            while len(self.running) > seats:  # the tail is background: the lowest priority
+                self._preempt(self.running.pop(), out)
+            return True
         if self.config.policy != "fair" or any(s.tenant == seq.tenant for s in self.running):
             return False
         level = self.share.counter(seq)
-        while len(self.running) + width > self.config.max_num_seqs:
-            served = [j for j, s in enumerate(self.running) if self.share.counter(s) > level]
+
+        def may_take(s: Sequence) -> bool:
+            if s.is_background and not seq.is_background:
+                return True
+            return self.share.counter(s) > level and (s.is_background or not seq.is_background)
+
+        while len(self.running) > seats:
+            served = [j for j, s in enumerate(self.running) if may_take(s)]
             if not served:
                 return False
-            victim = max(served, key=lambda j: (self.share.counter(self.running[j]),
+            victim = max(served, key=lambda j: (self.running[j].is_background,
+                                                self.share.counter(self.running[j]),
                                                 self.running[j].sort_key))
             self._preempt(self.running.pop(victim), out)
         return True
@@ -312,8 +405,8 @@ class Scheduler:
         """Under `fair`, when the request admitted next can start this step: the running
         tenants served more than its tenant. Their prefill chunks (and new prompts) sit this
         step out, so a light tenant's short prompt runs in a short step, not beside them."""
-        if self.config.policy != "fair" or not self.waiting:
-            return set()
+        if self.config.policy != "fair" or not self._foreground_waiting():
+            return set()  # nothing is held back for background work
         seq = self.waiting.peek()
         if (len(self.running) >= self.config.max_num_seqs
                 and any(s.tenant == seq.tenant for s in self.running)):
@@ -400,9 +493,9 @@ class Scheduler:
     def _make_room(self, index: int, num_new: int, out: SchedulerOutput) -> bool:
         """Preempt until `running[index]` fits; False if it had to go itself.
 
-        Victims come from `running[index:]` (not yet scheduled this step): under `fcfs` the
-        tail (lowest priority, newest); under `fair` the most-served tenant's lowest-priority,
-        newest sequence."""
+        Victims come from `running[index:]` (not yet scheduled this step): background ones
+        first, newest first (the tail); then under `fcfs` the tail (lowest priority, newest),
+        under `fair` the most-served tenant's lowest-priority, newest sequence."""
         seq = self.running[index]
         while not self.block_manager.can_allocate_slots(seq, num_new):
             victim = self.running.pop(self._victim_index(index))
@@ -412,14 +505,15 @@ class Scheduler:
         return True
 
     def _victim_index(self, start: int) -> int:
-        if self.config.policy == "fcfs":
+        if self.config.policy == "fcfs" or self.running[-1].is_background:
             return len(self.running) - 1
         candidates = range(start, len(self.running))
         return max(candidates, key=lambda j: (self.share.counter(self.running[j]),
                                               self.running[j].sort_key))
 
     def _admit_room(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
-        """Fit a waiting sequence, preempting only running ones of strictly lower priority."""
+        """Fit a waiting sequence, preempting only running ones of strictly lower priority,
+        from the tail: background ones first (a background sequence preempts nothing)."""
         while not self.block_manager.can_allocate_slots(seq, num_new):
             if not self.running or self.running[-1].priority <= seq.priority:
                 return False

@@ -13,6 +13,11 @@ from workers.engine.sampling_params import SamplingParams
 from workers.engine.speculative import NgramIndex
 from workers.engine.structured import TokenMatcher
 
+# The lowest priority (the bottom of the API's -10..10): a sequence at it is background work,
+# as the gateway's batch lines are. The scheduler runs it only in what foreground sequences
+# leave (admission, budget, seats, blocks), so a batch cannot slow live traffic.
+BACKGROUND_PRIORITY = 10
+
 
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
@@ -137,6 +142,11 @@ class Sequence:
     def sort_key(self) -> tuple[int, int, int]:
         """Smaller runs first: higher priority (lower value), then arrival, then sample."""
         return (self.priority, self.arrival_order, self.sample_index)
+
+    @property
+    def is_background(self) -> bool:
+        """Background work (`BACKGROUND_PRIORITY`): it yields to every foreground sequence."""
+        return self.priority >= BACKGROUND_PRIORITY
 
     @property
     def is_finished(self) -> bool:
