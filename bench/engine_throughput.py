@@ -63,6 +63,9 @@ WORKLOADS: dict[str, dict[str, int]] = {
              "max_output": 64},
 }
 
+# bumped when build_random_model writes a folder differently (2: a tied head saved tied)
+FOLDER_LAYOUT = 2
+
 # Llama-3.2-1B's shape with SmolLM2's vocabulary, so SmolLM2's tokenizer can drive it.
 MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-1b": {
@@ -77,6 +80,22 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True,
         "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"},
+    },
+    # Qwen3-0.6B's shape (issue 37), its own 151,936-token vocabulary and tied embeddings;
+    # prompts are random ids below SmolLM2's 49,152, and no system detokenises the outputs.
+    "qwen3-0.6b": {
+        "architecture": "Qwen3ForCausalLM",
+        "hidden_size": 1024,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 3072,
+        "vocab_size": 151936,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
     },
     # Qwen3-MoE's shape sized for 2 cores (issue 37): 8 layers, hidden 1024, 16 heads of 128
     # (8 KV), 64 experts of intermediate 256, 8 per token (renormalised), every layer sparse;
@@ -160,7 +179,8 @@ def build_random_model(name: str, base: Path) -> Path:
     from workers.model_files import cache_root
 
     spec = MODEL_CONFIGS[name]
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([spec, FOLDER_LAYOUT], sort_keys=True).encode()
+                            ).hexdigest()[:12]
     out = cache_root() / "bench" / f"{name}-random-{digest}"
     if any(out.glob("*.safetensors")):
         return out
@@ -202,6 +222,8 @@ def build_random_model(name: str, base: Path) -> Path:
         with torch.no_grad():
             for key, param in model.named_parameters():
                 fill(key, param)
+        if config.tie_word_embeddings:  # one matrix, as the real checkpoints keep it
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
         model.save_pretrained(tmp)
         del model
     for f in base.iterdir():
@@ -319,8 +341,9 @@ def run_engine(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
     llm.generate([wl.requests[0].prompt_token_ids], warm)
 
     prompts = [r.prompt_token_ids for r in wl.requests]
-    params = [sp_cls(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
-              for r in wl.requests]
+    # token ids only, as vLLM's side runs (detokenize=False): the workload is random ids
+    params = [sp_cls(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True,
+                     detokenize=False) for r in wl.requests]
     sync(args.device)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -359,7 +382,8 @@ async def run_engine_online(
         async def one(i: int, req: Request) -> tuple[RequestStat, dict[str, Any]]:
             await asyncio.sleep(max(0.0, start + req.arrival_offset - time.monotonic()))
             sent = time.monotonic()
-            params = sp_cls(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True)
+            params = sp_cls(temperature=0.0, max_tokens=req.max_tokens, ignore_eos=True,
+                            detokenize=False)
             first = final = None
             last: Any = None
             async for out in engine.generate(req.prompt_token_ids, params, request_id=f"r{i}"):
@@ -1180,6 +1204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=STANDARD["seed"], help=d)
     p.add_argument("--model-config", default="smollm2", choices=("smollm2", *MODEL_CONFIGS),
                    help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape; "
+                        "qwen3-0.6b = random bf16 Qwen3-0.6B shape; "
                         "qwen3-moe = random bf16 Qwen3-MoE shape (64 experts, 8 per token)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads in every child (default 0 = torch's own default)")

@@ -44,7 +44,7 @@ from workers.runner.linear import (
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.models import build_model, check_model_folder
 from workers.runner.models.layers import DecoderModel
-from workers.runner.models.weights import load_weights
+from workers.runner.models.weights import head_differs_from_embedding, load_weights
 from workers.runner.quantization import (
     check_int8_compute,
     check_quantizable,
@@ -350,6 +350,11 @@ def _build_model(path: Path, hf_config: Any, config: RunnerConfig, max_positions
     family comes from the registry (`workers/runner/models`), which refuses an architecture it
     does not serve before anything is read."""
     check_model_folder(path)
+    if getattr(hf_config, "tie_word_embeddings", False) and head_differs_from_embedding(path):
+        logger.warning("%s: the config ties the LM head to the embedding but the checkpoint "
+                       "keeps a different lm_head.weight; serving them untied, as "
+                       "transformers does", path)
+        hf_config.tie_word_embeddings = False
     with torch.device(config.device):
         model = build_model(hf_config, max_positions, max_model_len=(
             config.max_model_len or hf_config.max_position_embeddings)).to(config.dtype)

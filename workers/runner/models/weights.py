@@ -80,6 +80,26 @@ def checkpoint_layout(model: nn.Module) -> dict[str, Slot]:
     return layout
 
 
+def head_differs_from_embedding(folder: Path) -> bool:
+    """Whether the checkpoint keeps an `lm_head.weight` whose values differ from its embedding.
+    A config may say the two are tied while its checkpoint says otherwise; transformers then
+    serves them untied, and so must the engine to give the same tokens."""
+    where: dict[str, Path] = {}
+    for file in checkpoint_files(folder):
+        with safe_open(str(file), framework="pt") as reader:
+            for name in reader.keys():  # noqa: SIM118 - safe_open is not a dict
+                if name.removeprefix("model.") in ("lm_head.weight", "embed_tokens.weight"):
+                    where[name.removeprefix("model.")] = file
+    if len(where) < 2:
+        return False
+    tensors = []
+    for key, file in sorted(where.items()):
+        with safe_open(str(file), framework="pt") as reader:
+            name = key if key in reader.keys() else f"model.{key}"  # noqa: SIM118
+            tensors.append(reader.get_tensor(name))
+    return not torch.equal(tensors[0], tensors[1])
+
+
 def load_weights(model: nn.Module, folder: Path) -> None:
     """Fill every parameter of `model` from the checkpoint in `folder`; raise, naming the
     tensor, if the checkpoint misses one, has one the model does not take, or a shape

@@ -133,3 +133,31 @@ def test_a_shard_the_index_lists_must_exist(tmp_path, qwen3_folder):
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match=r"model-00002-of-00002\.safetensors"):
         LLM(str(folder), kv_cache_memory=4 << 20, **CPU32)
+
+
+def test_a_tied_config_whose_checkpoint_keeps_its_own_head_is_served_untied(
+        tmp_path, tokenizer):
+    # transformers unties them then (it warns), and so does vLLM: the engine must give the
+    # tokens they give, not the embedding's
+    folder = tmp_path / "m"
+    build_family(folder, tokenizer, "qwen3", tie_word_embeddings=True)
+    assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"]
+
+    def own_head(tensors: dict[str, torch.Tensor]) -> None:
+        embedding = tensors["model.embed_tokens.weight"]
+        tensors["lm_head.weight"] = torch.randn_like(embedding) * embedding.std()
+
+    rewrite_weights(folder, own_head)
+    assert weights_module.head_differs_from_embedding(folder)
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert not torch.equal(hf.lm_head.weight, hf.model.embed_tokens.weight)
+    llm = LLM(str(folder), kv_cache_memory=4 << 20, **CPU32)
+    prompts = random_prompts(3, seed=4)
+    outputs = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    assert_greedy_like_hf(hf, prompts, outputs)
+    # an equal copy of the embedding under the head's name is still one tied matrix
+    rewrite_weights(folder, lambda t: t.update(
+        {"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    assert not weights_module.head_differs_from_embedding(folder)
