@@ -120,6 +120,70 @@ MODEL_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
+# One shape for every served family (bench/families.py, issue 37 §7), sized for a 2-core CPU
+# (SmolLM2-135M's scale): hidden 512, 12 layers, 8 heads of 64 (4 KV), MLP 1536, SmolLM2's
+# vocabulary (its tokenizer drives the workload), embeddings tied in every family so the
+# families differ only by their own features. The mixture-of-experts families have 8 experts
+# of 1536 / 8 = 192, top 2: the same total parameters as the dense MLP, a quarter active.
+FAMILY_SHAPE: dict[str, Any] = {
+    "hidden_size": 512,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+# family -> (architecture, its distinctive settings over FAMILY_SHAPE), as its real configs set
+# them. Sliding windows: Mistral 4,096 on every layer and Gemma 2 4,096 on alternate layers
+# never bind on the standard workload (prompt + output <= 768 tokens); Gemma 3's 512 (Gemma 3
+# 1B's) on 5 layers of 6 binds on its longer requests. Gemma 3 has no soft-capping (nor do its
+# real configs): q/k norms instead.
+FAMILY_FEATURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaForCausalLM", {  # Llama 3's scaled RoPE (its original context < 8,192)
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 2048}}),
+    "mistral": ("MistralForCausalLM", {
+        "sliding_window": 4096,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}),
+    "qwen2": ("Qwen2ForCausalLM", {  # biases on q, k and v
+        "use_sliding_window": False,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    "qwen3": ("Qwen3ForCausalLM", {  # RMSNorm over each head of q and k
+        "attention_bias": False,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    "gemma2": ("Gemma2ForCausalLM", {  # (1 + w) sandwich norms, GELU-tanh, soft-capping
+        "query_pre_attn_scalar": 64, "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+        "layer_types": ["sliding_attention", "full_attention"] * 6,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}),
+    "gemma3": ("Gemma3ForCausalLM", {  # Gemma 2's norms, q/k norms, a RoPE base per layer type
+        "query_pre_attn_scalar": 64, "sliding_window": 512,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "default",
+                                               "rope_theta": 1000000.0}}}),
+    "phi3": ("Phi3ForCausalLM", {  # fused qkv_proj and gate_up_proj in the checkpoint
+        "original_max_position_embeddings": 8192, "sliding_window": None,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", {  # q/k norms, experts on every layer
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 192,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    "mixtral": ("MixtralForCausalLM", {  # experts of intermediate_size, no window (as 8x7B)
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 192,
+        "sliding_window": None,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+}
+MODEL_CONFIGS.update({
+    f"family-{family}": {"architecture": architecture, **FAMILY_SHAPE, **features}
+    for family, (architecture, features) in FAMILY_FEATURES.items()
+})
+
 
 # ----------------------------------------------------------------------------- model helpers
 
@@ -171,12 +235,14 @@ def build_random_model(name: str, base: Path) -> Path:
     tensors are written under their state-dict names; another architecture's model is filled
     in place and saved by transformers, which writes the checkpoint names every loader reads
     (per-expert matrices for mixture-of-experts models, not transformers' stacked ones).
+    Norm weights start as identities: 1, or 0 where the family's norms scale by (1 + w).
     """
     import torch
     import transformers
     from safetensors.torch import save_file
 
     from workers.model_files import cache_root
+    from workers.runner.models.registry import family_of
 
     spec = MODEL_CONFIGS[name]
     digest = hashlib.sha256(json.dumps([spec, FOLDER_LAYOUT], sort_keys=True).encode()
@@ -197,10 +263,13 @@ def build_random_model(name: str, base: Path) -> Path:
     config.architectures = [architecture]
     config.dtype = "bfloat16"
     gen = torch.Generator().manual_seed(0)
+    # a norm scales by its weight, or by (1 + weight) in a family whose norms are offset
+    # (Gemma): either way an identity norm to start from
+    norm_value = 1.0 - family_of(config).arch(config).norm_offset
 
     def fill(key: str, t: torch.Tensor) -> torch.Tensor:
         if key.endswith("norm.weight"):
-            return t.fill_(1.0)
+            return t.fill_(norm_value)
         return t.normal_(0.0, 0.02, generator=gen)
 
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
@@ -1205,7 +1274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-config", default="smollm2", choices=("smollm2", *MODEL_CONFIGS),
                    help="smollm2 = the bundled default; llama-1b = random bf16 Llama-1B shape; "
                         "qwen3-0.6b = random bf16 Qwen3-0.6B shape; "
-                        "qwen3-moe = random bf16 Qwen3-MoE shape (64 experts, 8 per token)")
+                        "qwen3-moe = random bf16 Qwen3-MoE shape (64 experts, 8 per token); "
+                        "family-<name> = bench/families.py's shape in that family")
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads in every child (default 0 = torch's own default)")
     p.add_argument("--kv-cache-mib", type=float, default=None,
