@@ -160,7 +160,7 @@ class Settings(BaseSettings):
     # This process runs batches (a replica may leave them to the others).
     batch_worker: bool = True
     # Lines answered at once, every tenant's batches together, shared fairly between tenants;
-    # each runs at the lowest priority within its tenant (engine_share).
+    # each runs as the engine's background work (priority 10: after every live request).
     batch_max_concurrency: int = Field(default=2, ge=1, le=1024)
     # While live requests are in flight in this process, batch lines in flight are held to
     # this many (0: none start until live traffic is idle), so live traffic is not slowed.

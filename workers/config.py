@@ -45,6 +45,9 @@ class EngineArgs(BaseModel):
         None, ge=0, le=1 << 20, description="another tenant's request of at most this many "
         "prompt tokens runs between two layers of the step in flight (0: never; default 256 "
         "on CPU, 0 on CUDA)")
+    background_decode_slots: int = Field(
+        8, ge=0, le=1 << 16, description="while live requests run, the most background "
+        "(priority 10: batch) requests decoding in one step (0: no limit)")
     scheduling_policy: Literal["fair", "fcfs"] = Field(
         "fair", description="fair: the least-served tenant's requests first, by weight (VTC);"
                             " fcfs: priority, then arrival")

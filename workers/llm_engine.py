@@ -83,6 +83,7 @@ class LLMEngine:
                 shared_step_s=args.shared_step_s,
                 attention_tokens=attention_tokens(runner.model.config),
                 interject_tokens=interject_tokens(args, runner),
+                background_decode_slots=args.background_decode_slots,
             ),
             self.block_manager,
             self.loras.pinned_ids if self.loras else None,

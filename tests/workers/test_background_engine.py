@@ -51,3 +51,9 @@ def test_preempted_lines_resume_to_the_same_tokens(tiny_llama_path):
     assert all(outputs[f"r{i}"].metrics.num_preemptions == 0
                for i in range(len(lines), len(prompts)))
     assert engine.block_manager.num_free_blocks == 10
+
+
+def test_background_decode_slots_is_an_engine_argument(tiny_llama_path):
+    engine = LLMEngine.from_args(model=str(tiny_llama_path), kv_cache_memory=4 << 20,
+                                 background_decode_slots=3, **CPU32)
+    assert engine.scheduler.config.background_decode_slots == 3
