@@ -32,12 +32,18 @@ CHUNK_ROWS = 1000
 MAX_PAGE = 1000
 
 # Every column of a record, in export order; `cost_usd` (derived) follows `cost_micros`.
+# `batch_id` and `batch_price_percent` are set on a batch line's record only (its costs are
+# already that share of the live price); last, so older readers' column positions hold.
 COLUMNS: tuple[str, ...] = (
     "id", "request_id", "created_at", "started_at", "tenant_id", "key_id", "model",
     "deployment", "adapter", "tier", "status", "cache_hit", "prompt_tokens",
     "completion_tokens", "cached_tokens", "input_cost_micros", "cached_cost_micros",
     "output_cost_micros", "cost_micros", "price_id", "queue_ms", "ttft_ms", "total_ms",
+    "batch_id", "batch_price_percent",
 )
+# Live requests, or batch lines (records with a batch_id).
+Origin = Literal["live", "batch"]
+ORIGINS: tuple[Origin, ...] = ("live", "batch")
 # What a tenant sees of its own records: not the upstream deployment or the price row.
 TENANT_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in ("deployment",
                                                                          "price_id"))
@@ -65,13 +71,19 @@ class RecordFilter:
     cache_hit: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    batch_id: str | None = None  # one batch's lines
+    origin: Origin | None = None  # live requests only, or batch lines only
 
     def clauses(self) -> list[ColumnElement[bool]]:
         clauses: list[ColumnElement[bool]] = []
-        for name in ("tenant_id", "key_id", "model", "status", "cache_hit"):
+        for name in ("tenant_id", "key_id", "model", "status", "cache_hit", "batch_id"):
             value = getattr(self, name)
             if value is not None:
                 clauses.append(getattr(UsageRecord, name) == value)
+        if self.origin == "live":
+            clauses.append(UsageRecord.batch_id.is_(None))
+        elif self.origin == "batch":
+            clauses.append(UsageRecord.batch_id.is_not(None))
         if self.since is not None:
             clauses.append(UsageRecord.created_at >= self.since)
         if self.until is not None:
@@ -185,10 +197,11 @@ def _csv_lines(rows: Any) -> str:
 
 
 def filename(*, fmt: ExportFormat, filters: RecordFilter) -> str:
-    """A download name that says what is inside: usage[-tenant][-since][-until].csv"""
+    """A download name that says what is inside: usage[-tenant][-batch][-since][-until].csv"""
     parts = ["usage"]
-    if filters.tenant_id:
-        parts.append(re.sub(r"[^A-Za-z0-9_.-]", "_", filters.tenant_id))
+    for name in (filters.tenant_id, filters.batch_id):
+        if name:
+            parts.append(re.sub(r"[^A-Za-z0-9_.-]", "_", name))
     for bound in (filters.since, filters.until):
         if bound is not None:
             utc = bound.astimezone(UTC) if bound.tzinfo is not None else bound

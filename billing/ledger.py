@@ -28,6 +28,7 @@ _DEFAULTS: dict[str, Any] = {
     "completion_tokens": 0, "cached_tokens": 0, "cost_micros": 0, "input_cost_micros": 0,
     "output_cost_micros": 0, "cached_cost_micros": 0, "status": "ok", "cache_hit": "none",
     "price_id": None, "queue_ms": None, "ttft_ms": None, "total_ms": None, "started_at": None,
+    "batch_id": None, "batch_price_percent": None,
 }
 _COLUMNS = frozenset(c.name for c in UsageRecord.__table__.columns) - {"id"}
 

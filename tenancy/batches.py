@@ -19,6 +19,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    Select,
     String,
     and_,
     or_,
@@ -168,7 +169,31 @@ async def get_batch(session: AsyncSession, *, tenant_id: str, batch_id: str) -> 
 async def list_batches(session: AsyncSession, *, tenant_id: str, after: Batch | None = None,
                        limit: int) -> list[Batch]:
     """A page of the tenant's batches, newest first, after `after` if given."""
-    query = select(Batch).where(Batch.tenant_id == tenant_id)
+    return await _batch_page(session, select(Batch).where(Batch.tenant_id == tenant_id),
+                             after=after, limit=limit)
+
+
+async def list_any_batches(session: AsyncSession, *, tenant_id: str | None = None,
+                           after: Batch | None = None, limit: int) -> list[Batch]:
+    """The operators' view (the admin console), not a tenant's: every tenant's batches, or
+    one tenant's, newest first, after `after` if given."""
+    query = select(Batch)
+    if tenant_id is not None:
+        query = query.where(Batch.tenant_id == tenant_id)
+    return await _batch_page(session, query, after=after, limit=limit)
+
+
+async def files_by_id(session: AsyncSession, *, file_ids: list[str]) -> dict[str, StoredFile]:
+    """Files named by batches already read (their input, output and error files), in one
+    query for a whole page of batches."""
+    if not file_ids:
+        return {}
+    rows = await session.scalars(select(StoredFile).where(StoredFile.id.in_(set(file_ids))))
+    return {row.id: row for row in rows.all()}
+
+
+async def _batch_page(session: AsyncSession, query: Select[tuple[Batch]], *,
+                      after: Batch | None, limit: int) -> list[Batch]:
     order = (Batch.created_at, Batch.id)
     if after is not None:
         query = query.where(_past(order, (after.created_at, after.id), False))

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Integer,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -231,6 +232,10 @@ class UsageRecord(Base):
     __table_args__ = (
         Index("ix_usage_records_tenant_id_created_at", "tenant_id", "created_at"),
         Index("uq_usage_records_request_id", "request_id", unique=True),
+        # Only batch lines are in it: live requests (batch_id NULL) cost no index write.
+        Index("ix_usage_records_batch_id", "batch_id",
+              postgresql_where=text("batch_id IS NOT NULL"),
+              sqlite_where=text("batch_id IS NOT NULL")),
     )
 
     id: Mapped[int] = mapped_column(_AutoId, primary_key=True, autoincrement=True)
@@ -257,3 +262,7 @@ class UsageRecord(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     total_ms: Mapped[float | None] = mapped_column(Float)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # A batch line's batch, and the share of the normal price it was charged at (the plan's
+    # batch_price_percent then); both NULL for a live request.
+    batch_id: Mapped[str | None] = mapped_column(String(40))
+    batch_price_percent: Mapped[int | None] = mapped_column(Integer)

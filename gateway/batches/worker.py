@@ -53,8 +53,10 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
+from billing.meter import batch_line
 from gateway.batches import lines
 from gateway.batches.endpoints import ENDPOINTS, Endpoint
 from gateway.batches.files import FileStore
@@ -629,10 +631,12 @@ class BatchWorker:
             key = await self.gw.keys.tenant_by_id(run.key_id)
         except APIError as exc:
             return failed(exc.status, exc.body())
+        percent = key.plan.batch_price_percent
         origin = Origin(headers={}, receive=None,
                         state={"request_id": request_id, "upstream_s": 0.0},
-                        priority=BATCH_PRIORITY, price_percent=key.plan.batch_price_percent)
-        with request_log(request_id):
+                        priority=BATCH_PRIORITY, price_percent=percent)
+        # The line's usage record names its batch and share (what the export shows).
+        with request_log(request_id), batch_line(batch_id=run.id, price_percent=percent):
             bind_tenant(key.tenant_id)
             try:
                 body = checked.body
@@ -684,6 +688,31 @@ async def wait_for_event(event: asyncio.Event, timeout_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
             await event.wait()
+
+
+# What a cancel moves to "cancelling"; a batch already cancelling (or cancelled) stays so.
+CANCELLABLE = ("validating", "in_progress")
+
+
+async def request_cancel(session: AsyncSession, *, row: Batch, worker: BatchWorker | None
+                         ) -> bool:
+    """Cancel `row` for the API and the console alike: validating or in_progress ->
+    cancelling (in the database, so whichever process holds the batch notices at its next
+    checkpoint), and this process's worker told at once. No new line starts, those in flight
+    finish, then the batch is cancelled with the output of what was done. True when the
+    batch is now cancelling or cancelled (again is a no-op); False when it had already ended
+    otherwise. `row` is refreshed either way."""
+    await session.execute(
+        update(Batch).where(Batch.id == row.id, Batch.status.in_(CANCELLABLE))
+        .values(status="cancelling", cancelling_at=utcnow())
+        .execution_options(synchronize_session=False))
+    await session.commit()
+    await session.refresh(row)
+    if row.status not in ("cancelling", "cancelled"):
+        return False
+    if worker is not None:
+        worker.cancel(row.id)
+    return True
 
 
 def expires_at(created_at: datetime, window: str) -> datetime:

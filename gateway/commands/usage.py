@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
     dump.add_argument("--model", help="model as asked (a model, alias or adapter)")
     dump.add_argument("--status", help="ok, error or aborted")
     dump.add_argument("--cache-hit", help="none, exact or semantic")
+    dump.add_argument("--batch", dest="batch_id", help="one batch's lines (its batch_… id)")
+    dump.add_argument("--origin", choices=export.ORIGINS,
+                      help="live requests only, or batch lines only")
     _add_range(dump, "records created in [since, until)")
     dump.add_argument("--out", type=Path, help="file to write (default: stdout)")
     dump.set_defaults(func=_handler(_export))
@@ -158,7 +161,8 @@ async def _export(session: AsyncSession, args: argparse.Namespace) -> int:
     filters = export.RecordFilter(
         tenant_id=None if args.tenant is None else await _tenant_id(session, args.tenant),
         key_id=args.key, model=args.model,
-        status=args.status, cache_hit=args.cache_hit, since=args.since, until=args.until)
+        status=args.status, cache_hit=args.cache_hit, since=args.since, until=args.until,
+        batch_id=args.batch_id, origin=args.origin)
     stats = export.ExportStats()
     if args.out is None:
         await _write(session, filters, args.fmt, stats, sys.stdout.buffer)

@@ -64,6 +64,20 @@ def when(value: datetime | None) -> str:
     return "—" if value is None else value.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def size(count: int | None) -> str:
+    """A file size for people: bytes up to 1 KiB, then KiB, MiB, GiB with one decimal."""
+    if count is None:
+        return "—"
+    if count < 1024:
+        return f"{count} B"
+    value = float(count)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
 def names(values: list[str] | None) -> str:
     return "" if values is None else ", ".join(values)
 
@@ -80,7 +94,7 @@ def templates() -> Jinja2Templates:
     built = Jinja2Templates(directory=str(TEMPLATE_DIR))
     built.env.globals["static_url"] = static_url
     built.env.filters.update(money=money, percent=percent, when=when, names=names,
-                             usd_input=usd_input)
+                             usd_input=usd_input, size=size)
     return built
 
 

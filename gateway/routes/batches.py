@@ -11,11 +11,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import update
 
 from gateway.batches.endpoints import ENDPOINTS
 from gateway.batches.objects import batch_json, page
-from gateway.batches.worker import BatchWorker, expires_at
+from gateway.batches.worker import BatchWorker, expires_at, request_cancel
 from gateway.deps import SessionDep, TenantDep
 from gateway.errors import APIError, bad_request, conflict, not_found
 from gateway.routes.files import own_file
@@ -116,19 +115,9 @@ async def retrieve_batch(batch_id: str, request: Request, key: TenantDep,
 @router.post("/{batch_id}/cancel")
 async def cancel_batch(batch_id: str, request: Request, key: TenantDep,
                        session: SessionDep) -> JSONResponse:
-    """validating or in_progress -> cancelling: no new line starts, those in flight finish,
-    then it is cancelled with the output of what was done. Cancelling again is a no-op; a
-    batch that already ended is a 409."""
+    """validating or in_progress -> cancelling (`request_cancel`, which the console uses
+    too). Cancelling again is a no-op; a batch that already ended is a 409."""
     row = await own_batch(session, key.tenant_id, batch_id)
-    await session.execute(
-        update(Batch).where(Batch.id == row.id, Batch.status.in_(("validating", "in_progress")))
-        .values(status="cancelling", cancelling_at=datetime.now(UTC))
-        .execution_options(synchronize_session=False))
-    await session.commit()
-    await session.refresh(row)
-    if row.status not in ("cancelling", "cancelled"):
+    if not await request_cancel(session, row=row, worker=worker_of(request)):
         raise conflict(f"Cannot cancel a batch with status '{row.status}'.")
-    worker = worker_of(request)
-    if worker is not None:
-        worker.cancel(row.id)
     return JSONResponse(shown(request, row))

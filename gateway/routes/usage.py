@@ -12,10 +12,12 @@ from billing import export, reports
 from gateway.deps import SessionDep, TenantDep
 from gateway.schemas.admin import Id, Timestamp
 from gateway.schemas.usage import (
+    BatchId,
     CacheHit,
     Cursor,
     ModelName,
     Order,
+    Origin,
     PageSize,
     Status,
     TenantGroupBy,
@@ -49,12 +51,14 @@ async def own_usage_records(
     key: TenantDep, session: SessionDep, key_id: Id | None = None,
     model: ModelName | None = None, status: Status | None = None,
     cache_hit: CacheHit | None = None, since: Timestamp | None = None,
-    until: Timestamp | None = None, limit: PageSize = 100, after: Cursor | None = None,
+    until: Timestamp | None = None, batch_id: BatchId | None = None,
+    origin: Origin | None = None, limit: PageSize = 100, after: Cursor | None = None,
     order: Order = "desc",
 ) -> TenantRecordPage:
     """The tenant's own records, keyset-paginated like `GET /admin/usage`."""
     filters = export.RecordFilter(tenant_id=key.tenant_id, key_id=key_id, model=model,
-                                  status=status, cache_hit=cache_hit, since=since, until=until)
+                                  status=status, cache_hit=cache_hit, since=since, until=until,
+                                  batch_id=batch_id, origin=origin)
     page, cursor = await export.list_records(session, filters=filters, limit=limit,
                                              after=after, order=order,
                                              columns=export.TENANT_COLUMNS)

@@ -25,6 +25,8 @@ _NO_NUL = r"^[^\x00]*$"  # PostgreSQL text cannot hold NUL
 ModelName = Annotated[str, Field(min_length=1, max_length=200, pattern=_NO_NUL)]
 Status = Annotated[str, Field(min_length=1, max_length=32, pattern=_NO_NUL)]
 CacheHit = Annotated[str, Field(min_length=1, max_length=16, pattern=_NO_NUL)]
+BatchId = Annotated[str, Field(min_length=1, max_length=40, pattern=_NO_NUL)]
+Origin = Literal["live", "batch"]  # live requests, or batch lines (records with a batch_id)
 Cursor = Annotated[int, Field(ge=0, le=2**63 - 1)]
 PageSize = Annotated[int, Field(ge=1, le=1000)]
 Order = Literal["desc", "asc"]
@@ -77,6 +79,8 @@ class TenantUsageRecordOut(BaseModel):
     queue_ms: float | None
     ttft_ms: float | None
     total_ms: float | None
+    batch_id: str | None  # a batch line's batch; null for a live request
+    batch_price_percent: int | None  # the share of the live price a batch line was charged
 
 
 class UsageRecordOut(TenantUsageRecordOut):

@@ -29,7 +29,7 @@ def make_records(n: int, *, tenants: tuple[str, ...] = ("ta", "tb"), start: date
                  ) -> list[dict[str, Any]]:
     """Varied records: tenants, keys, models, tiers, adapters, statuses, cache hits, cached
     prompt tokens, priced per part like billing.pricing (input 2, cached 1, output 4 micros
-    per token)."""
+    per token); every fifth a batch line (its tenant's batch, charged 50%)."""
     records = []
     for i in range(n):
         tenant = tenants[i % len(tenants)]
@@ -49,6 +49,8 @@ def make_records(n: int, *, tenants: tuple[str, ...] = ("ta", "tb"), start: date
             "price_id": f"p{i % 2}", "queue_ms": 0.5 * (i % 4), "ttft_ms": 12.25, "total_ms": None,
             "started_at": start + step * i - timedelta(seconds=1),
             "created_at": start + step * i,
+            "batch_id": f"batch_{tenant}" if i % 5 == 2 else None,
+            "batch_price_percent": 50 if i % 5 == 2 else None,
         })
     return records
 
@@ -100,7 +102,9 @@ def from_csv(row: dict[str, str]) -> dict[str, Any]:
             out[name] = int(value)
         elif name in floats:
             out[name] = float(value) if value else None
-        elif value == "" and name in ("key_id", "price_id", "started_at"):
+        elif name == "batch_price_percent":
+            out[name] = int(value) if value else None
+        elif value == "" and name in ("key_id", "price_id", "started_at", "batch_id"):
             out[name] = None
         else:
             out[name] = value
@@ -146,12 +150,18 @@ async def test_export_filters(sessionmaker, written):
         (export.RecordFilter(since=since, until=until),
          lambda r: since <= r["created_at"] < until),
         (export.RecordFilter(tenant_id="nobody"), lambda r: False),
+        (export.RecordFilter(origin="batch"), lambda r: r["batch_id"] is not None),
+        (export.RecordFilter(origin="live"), lambda r: r["batch_id"] is None),
+        (export.RecordFilter(batch_id="batch_ta"), lambda r: r["batch_id"] == "batch_ta"),
+        (export.RecordFilter(tenant_id="tb", origin="batch"),
+         lambda r: r["tenant_id"] == "tb" and r["batch_id"] is not None),
     ]
     for filters, keep in cases:
         data, stats = await run_export(sessionmaker, "jsonl", filters=filters)
         got = [json.loads(line)["request_id"] for line in data.decode().splitlines()]
         expected = [r["request_id"] for r in written if keep(r)]
         assert got == expected, filters
+        assert expected or filters.tenant_id == "nobody", filters  # every other case bites
         assert stats.rows == len(expected)
     # An empty CSV still has its header.
     data, _ = await run_export(sessionmaker, "csv", filters=export.RecordFilter(model="none"))
@@ -207,3 +217,5 @@ def test_filename_names_the_range():
     assert export.filename(fmt="csv", filters=filters) == (
         "usage-t_1-20250301T020000Z-20250401T000000Z.csv")
     assert export.filename(fmt="jsonl", filters=export.RecordFilter()) == "usage.jsonl"
+    assert export.filename(fmt="csv", filters=export.RecordFilter(
+        tenant_id="t1", batch_id="batch_9")) == "usage-t1-batch_9.csv"

@@ -129,6 +129,10 @@ async def test_record_pages_visit_every_row_once(world):
         ({"key_id": world.b.key_id}, lambda r: r["key_id"] == world.b.key_id),
         ({"since": since.isoformat(), "until": until.isoformat()},
          lambda r: since <= r["created_at"] < until),
+        ({"origin": "batch"}, lambda r: r["batch_id"] is not None),
+        ({"tenant_id": a_id, "origin": "live"},
+         lambda r: r["tenant_id"] == a_id and r["batch_id"] is None),
+        ({"batch_id": f"batch_{a_id}"}, lambda r: r["batch_id"] == f"batch_{a_id}"),
     ]
     for params, keep in cases:
         got, _ = await walk(get, "/admin/usage", limit=7, **params)
@@ -274,7 +278,8 @@ async def test_invoice_and_usage_errors_are_openai_shaped(world):
     assert error["param"] == "format"
     assert_error(await world.client.get("/admin/tenants/nobody/invoices/2025-03"), 404)
     assert_error(await world.client.post("/admin/tenants/nobody/invoices/2025-03/close"), 404)
-    for params in ({"format": "xml"}, {"since": "yesterday"}, {"tenant_id": "a b"}):
+    for params in ({"format": "xml"}, {"since": "yesterday"}, {"tenant_id": "a b"},
+                   {"origin": "sometimes"}, {"batch_id": "b" * 41}):
         assert_error(await world.client.get("/admin/usage/export", params=params), 400)
     for params in ({"limit": 0}, {"limit": 1001}, {"after": -1}, {"after": "x"},
                    {"order": "sideways"}, {"until": "9999-12-31T23:59:59-23:59"},
@@ -374,6 +379,19 @@ async def test_cli_exports_and_invoices(db_url, tmp_path, monkeypatch, capsys):
     since, until = datetime(2025, 3, 2, tzinfo=UTC), datetime(2025, 3, 4, 6, tzinfo=UTC)
     assert [r["request_id"] for r in rows] == [
         r["request_id"] for r in records if since <= r["created_at"] < until]
+
+    code, out, err = await asyncio.to_thread(
+        cli_run, "usage", "export", "--tenant", "initech", "--origin", "batch")
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    batch_lines = [(r["request_id"], r["batch_id"], "50") for r in a_rows if r["batch_id"]]
+    assert batch_lines
+    assert [(r["request_id"], r["batch_id"], r["batch_price_percent"]) for r in rows] == (
+        batch_lines)
+    code, out, err = await asyncio.to_thread(
+        cli_run, "usage", "export", "--batch", f"batch_{b.tenant_id}", "--format", "jsonl")
+    assert code == 0, err
+    assert {json.loads(line)["tenant_id"] for line in out.splitlines()} == {b.tenant_id}
 
     code, out, err = await asyncio.to_thread(
         cli_run, "usage", "summary", "--tenant", a.tenant_id, "--group-by", "model")

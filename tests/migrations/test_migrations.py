@@ -24,7 +24,7 @@ from tenancy.models import Base
 TABLES = {"plans", "tenants", "api_keys", "admin_keys", "auth_state", "usage_records",
           "adapters", "price_versions", "usage_daily", "invoices", "responses", "files",
           "batches"}
-HEAD = "0008"
+HEAD = "0009"
 
 
 async def _inspect(url: str, fn: Any) -> Any:
@@ -376,6 +376,52 @@ async def test_batches_migration_keeps_existing_plans(blank_db_url: str) -> None
     assert "batch_price_percent" not in await _inspect(blank_db_url, _plan_columns)
     assert not {"files", "batches"} & await _inspect(blank_db_url, _tables)
     assert await _inspect(blank_db_url, _names) == (["pro"], [], [])
+
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _diff) == []
+
+
+# --- 0009: usage records of batch lines ---------------------------------------------------
+
+
+def _usage_batch_rows(conn: Connection) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(text(
+        "SELECT request_id, batch_id, batch_price_percent FROM usage_records "
+        "ORDER BY request_id"))]
+
+
+def _usage_columns(conn: Connection) -> set[str]:
+    return {c["name"] for c in inspect(conn).get_columns("usage_records")}
+
+
+def _record_batch_line(conn: Connection) -> None:
+    conn.execute(text(
+        "INSERT INTO usage_records (request_id, tenant_id, model, deployment, prompt_tokens, "
+        "completion_tokens, cached_tokens, cost_micros, status, created_at, batch_id, "
+        "batch_price_percent) "
+        "VALUES ('batch_req_1', 't1', 'm', 'd', 1, 2, 0, 3, 'ok', :t, 'batch_1', 50)"),
+        {"t": _T0})
+    conn.commit()
+
+
+async def test_usage_batch_columns_migration(blank_db_url: str) -> None:
+    """0009 alone, on data: old records are live requests (both columns NULL), a batch line's
+    record keeps its batch and share; downgrade drops the columns and keeps the records."""
+    await asyncio.to_thread(upgrade, blank_db_url, "0002")
+    await _inspect(blank_db_url, _seed_0002)
+    await asyncio.to_thread(upgrade, blank_db_url, "0008")
+    assert "batch_id" not in await _inspect(blank_db_url, _usage_columns)
+    await asyncio.to_thread(upgrade, blank_db_url)
+    assert await _inspect(blank_db_url, _usage_batch_rows) == [("r1", None, None)]
+    await _inspect(blank_db_url, _record_batch_line)
+    assert await _inspect(blank_db_url, _usage_batch_rows) == [
+        ("batch_req_1", "batch_1", 50), ("r1", None, None)]
+    assert "ix_usage_records_batch_id" in await _inspect(blank_db_url, _indexes)
+
+    await asyncio.to_thread(downgrade, blank_db_url, "0008")
+    assert not {"batch_id", "batch_price_percent"} & await _inspect(blank_db_url,
+                                                                     _usage_columns)
+    assert sorted((await _inspect(blank_db_url, _names))[2]) == ["batch_req_1", "r1"]
 
     await asyncio.to_thread(upgrade, blank_db_url)
     assert await _inspect(blank_db_url, _diff) == []

@@ -8,7 +8,7 @@ and the tenant list per page, whatever the traffic. Downloads are the admin API'
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -28,6 +28,7 @@ DEFAULT_DAYS = 30
 MAX_DAYS = 366  # one chart point per day
 TOP_TENANTS = 10
 REFRESH_SECONDS = 5
+BATCH_ID_MAX = 40  # the column's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +103,19 @@ async def usage_page(request: Request, admin: AdminSession, session: SessionDep)
 
 @router.get("/usage/export")
 async def usage_export(request: Request, admin: AdminSession, state: StateDep,
-                       format: str = "csv") -> Response:
+                       format: str = "csv", origin: str = "", batch_id: str = "") -> Response:
+    """The page's records; `origin` (live or batch) and `batch_id` narrow them further (the
+    charts cannot: the daily aggregates do not tell batch lines apart)."""
     if format not in export.FORMATS:
-        return Response("format must be csv or jsonl", status_code=400, media_type="text/plain")
+        return _plain_error("format must be csv or jsonl")
+    chosen = next((o for o in export.ORIGINS if o == origin), None)
+    if origin and chosen is None:
+        return _plain_error("origin must be live or batch")
+    if len(batch_id) > BATCH_ID_MAX:
+        return _plain_error("batch_id is too long")
     f = UsageFilter.of(request)
-    return await downloads.usage_export(state.sessionmaker, f.records(),
+    filters = replace(f.records(), origin=chosen, batch_id=batch_id or None)
+    return await downloads.usage_export(state.sessionmaker, filters,
                                         format)  # type: ignore[arg-type]
 
 

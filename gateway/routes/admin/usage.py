@@ -14,11 +14,13 @@ from gateway.deps import SessionDep, StateDep
 from gateway.errors import not_found
 from gateway.schemas.admin import Id, Timestamp, UsageOut
 from gateway.schemas.usage import (
+    BatchId,
     CacheHit,
     Cursor,
     GroupBy,
     ModelName,
     Order,
+    Origin,
     PageSize,
     RecordPage,
     Status,
@@ -35,10 +37,13 @@ def record_filter(
     tenant_id: Id | None = None, key_id: Id | None = None, model: ModelName | None = None,
     status: Status | None = None, cache_hit: CacheHit | None = None,
     since: Timestamp | None = None, until: Timestamp | None = None,
+    batch_id: BatchId | None = None, origin: Origin | None = None,
 ) -> export.RecordFilter:
-    """Every filter narrows; `since`/`until` bound `created_at` as [since, until)."""
+    """Every filter narrows; `since`/`until` bound `created_at` as [since, until);
+    `batch_id` keeps one batch's lines, `origin` live requests or batch lines."""
     return export.RecordFilter(tenant_id=tenant_id, key_id=key_id, model=model, status=status,
-                               cache_hit=cache_hit, since=since, until=until)
+                               cache_hit=cache_hit, since=since, until=until,
+                               batch_id=batch_id, origin=origin)
 
 
 FilterDep = Annotated[export.RecordFilter, Depends(record_filter)]

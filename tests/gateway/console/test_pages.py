@@ -12,6 +12,7 @@ from starlette.routing import Route
 
 from gateway.console.routes import (
     adapters,
+    batches,
     deployments,
     keys,
     login,
@@ -34,7 +35,7 @@ async def _tenant(c: Console, name: str = "acme") -> str:
 def _mutating_routes() -> list[tuple[str, str]]:
     """Every console route that changes something, from the page modules themselves."""
     found = []
-    for module in (login, static, tenants, keys, adapters, deployments, usage):
+    for module in (login, static, tenants, keys, adapters, deployments, batches, usage):
         for route in module.router.routes:
             assert isinstance(route, Route)
             for method in sorted((route.methods or set()) - SAFE):
@@ -48,7 +49,8 @@ async def test_every_change_needs_the_csrf_token(sqlite_url, tmp_path, mock_upst
         tenant_id = await _tenant(c)
         r = await c.post(f"/console/tenants/{tenant_id}/keys", {"name": "k"})
         key_id = re.search(r'data-key-id="([^"]+)"', r.text).group(1)
-        values = {"tenant_id": tenant_id, "key_id": key_id, "name": "mock", "action": "delete"}
+        values = {"tenant_id": tenant_id, "key_id": key_id, "name": "mock", "action": "delete",
+                  "batch_id": f"batch_{'0' * 32}"}
         routes = [(m, p) for m, p in _mutating_routes() if p != "/console/login"]
         assert len(routes) >= 10, routes
         for method, path in routes:
@@ -216,7 +218,8 @@ async def test_queries_per_page_do_not_grow_with_rows(sqlite_url, tmp_path):
             await c.post(f"/console/tenants/{tenant_id}/keys", {"name": f"k{i}"})
         pages = ["/console/tenants", f"/console/tenants/{tenant_id}",
                  f"/console/tenants/{tenant_id}/keys", f"/console/tenants/{tenant_id}/adapters",
-                 "/console/usage", "/console/workers", "/console/deployments"]
+                 "/console/usage", "/console/workers", "/console/deployments",
+                 "/console/batches", f"/console/batches?tenant_id={tenant_id}"]
         before = {p: await count(p) for p in pages}
         for i in range(1, 8):
             await _tenant(c, f"t{i}")
