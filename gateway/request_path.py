@@ -1,4 +1,4 @@
-"""The request path of a completion, in order. Read this first.
+"""The request path of every surface's request, in order. Read this first.
 
     authenticate key (cached, no DB) -> a key or tenant refused for RPM a moment ago gets the
     429 again, its body dropped unparsed (`gateway.recent_refusals`) -> read and validate the
@@ -16,6 +16,11 @@
     or SSE as the events come) -> settle the reservation to the real usage, meter it
     (`gateway.ticket`), and keep the answer in the cache.
 
+An embeddings request walks the same stages, each once; its surface's `Kind` says where it
+differs: its deployments are the `mode: embedding` ones, nothing but the model is routed on,
+the plan's `embedding_max_request_tokens` bounds its preparing, one try is one `embed` whose
+answer comes whole and already rendered, and there is no response cache (and no `cache` span).
+
 The reservation is settled exactly once per admitted request, whatever happens after it.
 With tracing on, each step is a span under the request's (`auth`, `route`, `prepare`,
 `limits`, `cache`, and a `dispatch` per deployment tried); the request's log context learns
@@ -29,7 +34,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
@@ -47,17 +52,18 @@ from gateway.admission import (
     refuse_if_held,
 )
 from gateway.deployments.base import Call, Deployment, EngineShare, prepared
+from gateway.deployments.registry import DeploymentRegistry, Route
 from gateway.errors import APIError, bad_request
 from gateway.observability import tracing as attr
 from gateway.observability.logs import bind_tenant
 from gateway.observability.tracing import annotate, current_span
 from gateway.response_cache import CacheUse, Hit
-from gateway.routing.fallback import AllAttemptsFailed, TooLong
+from gateway.routing.fallback import AllAttemptsFailed, Started, TooLong
+from gateway.routing.health import DeploymentHealth
 from gateway.routing.router import plan_route
-from gateway.settlement import Clock
 from gateway.state import GatewayState
-from gateway.surfaces import CHAT, COMPLETIONS, Surface
-from gateway.ticket import Ticket
+from gateway.surfaces import CHAT, COMPLETIONS, Canonical, Surface
+from gateway.ticket import Clock, Ticket
 from tenancy.context import KeyContext, PlanLimits
 from workers.protocol.render import Fold
 from workers.protocol.requests import OpenAIRequest, RequestError, request_error
@@ -85,7 +91,7 @@ async def serve_completion(request: Request, *, chat: bool) -> Response:
 
 async def serve(request: Request, surface: Surface) -> Response:
     """One HTTP request on `surface` (chat, completions, Anthropic messages, OpenAI
-    responses), start to end: who is asking and what, then `answer`."""
+    responses, embeddings), start to end: who is asking and what, then `answer`."""
     clock = Clock()
     gw: GatewayState = request.app.state.gateway
     span = current_span()  # the request's span (GatewayMiddleware)
@@ -117,36 +123,38 @@ class Origin:
     price_percent: int = 100  # share of the normal price charged (a batch line's discount)
 
 
-async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface: Surface,
+async def answer(gw: GatewayState, key: KeyContext, body: Canonical, surface: Surface,
                  origin: Origin) -> Response:
     """A parsed request answered: route, fit, admit (two steps), cache, dispatch, render, and
-    settle, each once."""
-    chat, tracing, span, clock = surface.chat, gw.tracing, origin.span, origin.clock
-    scope_state = origin.state
+    settle, each once. Where the surface's kind of request differs (an embedding), its
+    `Kind` says how; no stage asks which surface it serves."""
+    kind, chat = surface.kind, surface.chat
+    tracing, span, clock, scope_state = gw.tracing, origin.span, origin.clock, origin.state
+    asks = kind.asks(body)
     async with counted_if_refused(gw, key):  # a 4xx until admission counts for RPM
         annotate(span, {attr.TENANT_ID: key.tenant_id, attr.MODEL: body.model,
-                        attr.STREAM: bool(body.stream)})
+                        attr.STREAM: asks.stream})
         if gw.settings.log_prompts:
             prompt_log.info("prompt", extra={"prompt": _prompt_of(body)})
         with tracing.span("route"):
-            plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
+            plan = await plan_route(cast(DeploymentRegistry, Routes(gw.deployments, kind.mode)),
+                                    gw.adapters, key, body.model,
                                     tier=asked_tier(origin.headers),
-                                    logprobs=body.wants_logprobs, request=body)
+                                    logprobs=asks.logprobs, request=asks.completion)
         dispatches = tracing.dispatches()
-        share = engine_share(key.tenant_id, key.plan, body.priority
+        share = engine_share(key.tenant_id, key.plan, asks.priority
                              if origin.priority is None else origin.priority)
 
         def prepare(deployment: Deployment) -> Call:
-            call = deployment.prepare(body, chat=chat, tenant_id=key.tenant_id,
-                                      adapter=plan.adapter)
+            call = kind.prepare(deployment, body, chat=chat, key=key, adapter=plan.adapter)
             call.share = share
             dispatches.prepared(call, deployment.name)
             return call
 
         def estimate(deployment: Deployment) -> Call:
-            if deployment.tokenizes:
-                call = deployment.estimate(body, chat=chat, tenant_id=key.tenant_id,
-                                           adapter=plan.adapter)
+            if deployment.tokenizes:  # no tokenizer before the cheap checks and admission
+                call = kind.estimate(deployment, body, chat=chat, key=key,
+                                     adapter=plan.adapter)
                 call.share = share
                 return call
             return prepare(deployment)
@@ -172,21 +180,20 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
             model=order[0].config.model_name, adapter=plan.adapter is not None)
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
-                    span=span, dispatches=dispatches, price_percent=origin.price_percent)
+                    span=span, dispatches=dispatches, price_percent=origin.price_percent,
+                    streamed=asks.stream)
     try:
-        with tracing.span("cache") as cache_span:
-            use = gw.cache.use(origin.headers, key, body, chat=chat, model_key=plan.model_key)
-            hit = None if use is None else await gw.cache.lookup(use)
-            annotate(cache_span, {attr.CACHE_HIT: "none" if hit is None else hit.kind})
-        if use is not None and use.lookup:
-            gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
-        if hit is not None:
-            return await answers.from_cache(ticket, hit, engine_id, headers, surface,
-                                            stream=body.stream)
-        headers["x-cache"] = "miss"
+        use: CacheUse | None = None
+        if asks.completion is not None:  # the response cache keeps completions only
+            use, hit = await _cache(gw, origin, key, asks.completion, chat=chat,
+                                    model_key=plan.model_key)
+            if hit is not None:
+                return await answers.from_cache(ticket, hit, engine_id, headers, surface,
+                                                stream=asks.stream)
+            headers["x-cache"] = "miss"
         clock.dispatched()
-        work = gw.fallbacks.serve(order, call, stream=body.stream, request_id=engine_id,
-                                  prepare=prepare, on_call=ticket.attempt)
+        work = gw.fallbacks.serve(order, call, stream=asks.stream, request_id=engine_id,
+                                  prepare=prepare, on_call=ticket.attempt, run=kind.attempt)
         try:
             served = await until_done_or_disconnect(work, origin.receive)
         finally:
@@ -200,7 +207,10 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
         headers["x-switchboard-attempts"] = str(served.attempts)
         if isinstance(served.result, Fold):
             return await answers.whole(ticket, served.result, use, headers, surface)
-        return answers.streamed(ticket, served.result, use, headers, surface)
+        if isinstance(served.result, Started):
+            return answers.streamed(ticket, served.result, use, headers, surface)
+        ticket.close("ok")  # a body the deployment rendered whole (an embeddings answer)
+        return Response(served.result, media_type="application/json", headers=headers)
     except AllAttemptsFailed as exc:
         ticket.close("error")
         raise exc.as_error(headers) from None
@@ -209,9 +219,38 @@ async def answer(gw: GatewayState, key: KeyContext, body: OpenAIRequest, surface
         raise
 
 
-def _prompt_of(body: OpenAIRequest) -> Any:
-    """What the caller asked, for `log_prompts` only: the messages or the prompt."""
-    return body.model_dump(mode="json", include={"messages", "prompt"})
+async def _cache(gw: GatewayState, origin: Origin, key: KeyContext, body: OpenAIRequest, *,
+                 chat: bool, model_key: str) -> tuple[CacheUse | None, Hit | None]:
+    """The response cache's use for this request (None: none applies) and its hit, counted."""
+    with gw.tracing.span("cache") as cache_span:
+        use = gw.cache.use(origin.headers, key, body, chat=chat, model_key=model_key)
+        hit = None if use is None else await gw.cache.lookup(use)
+        annotate(cache_span, {attr.CACHE_HIT: "none" if hit is None else hit.kind})
+    if use is not None and use.lookup:
+        gw.metrics.cache_lookup(_looked_up(use, hit), None if hit is None else hit.kind)
+    return use, hit
+
+
+class Routes:
+    """The registry as the router sees it for one kind of request: a name's deployments of
+    that mode (`auto` and aliases included), so key scopes, tiers, health and policy apply
+    to embeddings unchanged."""
+
+    def __init__(self, registry: DeploymentRegistry, mode: str) -> None:
+        self._registry = registry
+        self._mode = mode
+
+    def route(self, model: str) -> Route:
+        return self._registry.route(model, mode=self._mode)
+
+    def health(self, name: str) -> DeploymentHealth:
+        return self._registry.health(name)
+
+
+def _prompt_of(body: Canonical) -> Any:
+    """What the caller asked, for `log_prompts` only: the messages, the prompt or the
+    inputs to embed."""
+    return body.model_dump(mode="json", include={"messages", "prompt", "input"})
 
 
 def _looked_up(use: CacheUse, hit: Hit | None) -> list[str]:
@@ -254,13 +293,13 @@ def asked_tier(headers: Mapping[str, str]) -> str | None:
     return tier
 
 
-def parse_body(raw: bytes, *, surface: Surface) -> OpenAIRequest:
+def parse_body(raw: bytes, *, surface: Surface) -> Canonical:
     """The surface's body as the canonical request, or a 400 naming the field at fault."""
     return surface.parse(raw)
 
 
 async def read_body(gw: GatewayState, key: KeyContext, raw: bytes, surface: Surface
-                    ) -> OpenAIRequest:
+                    ) -> Canonical:
     """`parse_body`, or for a surface whose body refers to what the gateway keeps for the
     tenant (Responses' previous_response_id) its own reader, scoped to the key's tenant."""
     if surface.read is None:

@@ -1,29 +1,93 @@
-"""An admitted completion, settled and metered exactly once however it ends: the limiter's
-reservation trued up to the usage billed, one usage record, the request's metrics, span and
-log line. How the answer reaches the client is `gateway.answers`."""
+"""An admitted request, of any surface, settled and metered exactly once however it ends:
+the limiter's reservation trued up to the usage billed, one usage record, the request's
+metrics, span and log line. How the answer reaches the client is `gateway.answers`."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import TYPE_CHECKING
+
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from billing.pricing import charge
+from gateway.deployments.base import Call, Deployment
 from gateway.observability import tracing as attr
 from gateway.observability.logs import note
-from gateway.observability.tracing import annotate
-from gateway.settlement import Settlement
+from gateway.observability.tracing import Dispatches, annotate
+from tenancy.context import KeyContext
+from tenancy.limits import AdmissionRequest
+
+if TYPE_CHECKING:
+    from gateway.routing.fallback import Served
+    from gateway.state import GatewayState
 
 
 @dataclass
-class Ticket(Settlement):
-    """An admitted request: settled and metered exactly once, however it ends.
+class Clock:
+    """When the request arrived, was dispatched and got its first byte (for usage records)."""
+
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    start: float = field(default_factory=time.perf_counter)
+    dispatch: float | None = None
+    first: float | None = None
+
+    def dispatched(self) -> None:
+        self.dispatch = time.perf_counter()
+
+    def first_byte(self) -> None:
+        self.first = time.perf_counter()
+
+    def ms(self, at: float | None) -> float | None:
+        return None if at is None else round((at - self.start) * 1000, 3)
+
+
+@dataclass
+class Ticket:
+    """An admitted request: its attempts, settled and metered exactly once, however it ends.
+
+    One rule bills every kind: the prompt (an embedding's inputs) and the completion tokens
+    its usage holds, at the deployment's prices. An embedding's usage has no completion
+    tokens, so it pays the input price only; cut short, it pays for the rows computed, which
+    the deployment keeps as `computed_prompt_tokens` as an engine does for a prompt.
 
     The usage record is written (to the meter's outbox) before the last byte of a successful
     answer leaves, so a response the client saw complete is never lost to a crash."""
 
+    gw: GatewayState
+    key: KeyContext
+    deployment: Deployment
+    call: Call
+    admission: AdmissionRequest
+    request_id: str
+    clock: Clock
+    calls: list[Call] = field(default_factory=list)
+    release: Callable[[], None] = field(default=lambda: None, repr=False)
+    closed: bool = False
+    span: Span = field(default=INVALID_SPAN, repr=False)  # the request's
+    dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
+    # Share of the normal price charged (a batch line: the plan's batch_price_percent).
+    price_percent: int = 100
+    streamed: bool = False  # the answer goes out as server-sent events
     cache_hit: str = "none"
+
+    def attempt(self, call: Call) -> None:
+        """A deployment is being tried with `call` (usage is counted on the latest)."""
+        self.dispatches.started(call)
+        if call is not self.call:
+            self.calls.append(self.call)
+            self.call = call
+
+    def served(self, served: Served) -> None:
+        self.deployment = served.deployment
+        self.attempt(served.call)
+        self.release = served.release
+
+    def upstream_s(self) -> float:
+        return sum(c.upstream_s for c in (*self.calls, self.call))
 
     def close(self, status: str) -> None:
         if self.closed:
@@ -71,7 +135,7 @@ class Ticket(Settlement):
             prompt_tokens=billed_prompt, completion_tokens=usage.completion_tokens,
             cached_tokens=cached, cost_micros=cost.total_micros,
             ttft_s=None if self.clock.first is None else self.clock.first - self.clock.start,
-            total_s=now - self.clock.start, streamed=bool(self.call.request.stream))
+            total_s=now - self.clock.start, streamed=self.streamed)
         self._report(status, prompt_tokens=billed_prompt, cached_tokens=cached,
                      cost_micros=cost.total_micros)
         # Settling awaits the limiter; run it on its own so a cancelled request still settles.

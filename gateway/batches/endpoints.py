@@ -10,11 +10,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.embeddings_path import answer_embeddings
-from gateway.embeddings_path import parse_body as parse_embeddings
 from gateway.request_path import Origin, answer
 from gateway.state import GatewayState
-from gateway.surfaces import CHAT, COMPLETIONS, RESPONSES, Surface
+from gateway.surfaces import CHAT, COMPLETIONS, EMBEDDINGS, RESPONSES, Surface
 from gateway.surfaces import responses as responses_surface
 from tenancy.context import KeyContext
 
@@ -43,7 +41,7 @@ ENDPOINTS: dict[str, Endpoint] = {
     endpoint.url: endpoint for endpoint in (
         Endpoint("/v1/chat/completions", CHAT.parse, _surface(CHAT)),
         Endpoint("/v1/completions", COMPLETIONS.parse, _surface(COMPLETIONS)),
-        Endpoint("/v1/embeddings", parse_embeddings, answer_embeddings),
+        Endpoint("/v1/embeddings", EMBEDDINGS.parse, _surface(EMBEDDINGS)),
         Endpoint("/v1/responses", responses_surface.validate, _surface(RESPONSES),
                  read=responses_surface.read),
     )

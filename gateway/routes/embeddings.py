@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gateway.embeddings_path import serve_embeddings
+from gateway.request_path import serve
+from gateway.surfaces import EMBEDDINGS
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
 @router.post("/embeddings")
 async def embeddings(request: Request) -> Response:
-    return await serve_embeddings(request)
+    return await serve(request, EMBEDDINGS)

@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from tests.gateway.support import (
     GatewayWorld,
@@ -34,6 +37,7 @@ from tests.gateway.support import (
     seed_tenant,
     serve_world,
 )
+from workers.telemetry import make_tracer_provider
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:litellm"),
               pytest.mark.filterwarnings("ignore:.*ReadOnly:UserWarning")]
@@ -332,17 +336,17 @@ async def test_refused_requests_count_for_rpm_and_a_held_key_is_not_read(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On a 2-RPM plan: a 400 uses one request, a 200 the other; the next 400 is a 429,
     and within the hold even a valid body is refused without being parsed."""
-    from gateway import embeddings_path
+    from gateway import request_path
 
     limited = await seed_tenant(sqlite_url, tmp_path, name="limited", plan={"rpm": 2})
     parsed: list[bytes] = []
-    real = embeddings_path.parse_body
+    real = request_path.parse_body
 
-    def counted(raw: bytes) -> Any:
+    def counted(raw: bytes, *, surface: Any) -> Any:
         parsed.append(raw)
-        return real(raw)
+        return real(raw, surface=surface)
 
-    monkeypatch.setattr(embeddings_path, "parse_body", counted)
+    monkeypatch.setattr(request_path, "parse_body", counted)
     assert_error(await world.embed(limited.key, input=[]), 400)
     ok(await world.embed(limited.key, input=["hi"]))
     assert_error(await world.embed(limited.key, input=[]), 429, code="rate_limit_exceeded")
@@ -350,3 +354,34 @@ async def test_refused_requests_count_for_rpm_and_a_held_key_is_not_read(
     assert_error(await world.embed(limited.key, input=["hi"]), 429, code="rate_limit_exceeded")
     assert len(parsed) == 3  # held: not parsed
     ok(await world.embed(input=["hi"]))  # another tenant is not held
+
+
+async def test_each_stage_is_entered_once(sqlite_url: str, tmp_path: Path,
+                                          mocks: dict[str, Any]) -> None:
+    """The one request path, walked as a completion walks it, less the response cache: the
+    model in this process is admitted on an estimate, then on its exact count (a `prepare`
+    and a `limits` each); an upstream, which does not tokenize here, once."""
+    exporter = InMemorySpanExporter()
+    provider = make_tracer_provider(service_name="test-gateway", exporter="none",
+                                    span_processors=[SimpleSpanProcessor(exporter)])
+    assert provider is not None
+    try:
+        async with serve_world(EmbedWorld, sqlite_url, tmp_path, mocks,
+                               [http_embedding(mocks["up"])], embedding_model="default",
+                               app_kwargs={"tracer_provider": provider}) as w:
+            for model, steps in (
+                    (MINILM, ["auth", "route", "prepare", "limits", "prepare", "limits"]),
+                    ("remote-embed", ["auth", "route", "prepare", "limits"])):
+                exporter.clear()
+                response = await w.embed(model=model, input="one walk")
+                ok(response)
+                assert "x-cache" not in response.headers
+                spans = exporter.get_finished_spans()
+                [server] = [s for s in spans if s.kind == SpanKind.SERVER]
+                walked = [s.name for s in spans if s.parent is not None
+                          and s.parent.span_id == server.context.span_id]
+                assert walked == [*steps, "dispatch"]
+                assert server.attributes["switchboard.status"] == "ok"
+                assert server.attributes["gen_ai.usage.output_tokens"] == 0
+    finally:
+        provider.shutdown()
