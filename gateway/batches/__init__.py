@@ -1,8 +1,8 @@
 """OpenAI's Batch API over the one request path: tenants upload a JSONL file of requests
 (`/v1/files`), create a batch of it (`/v1/batches`), and a worker in the gateway process
-answers each line as a live request would be answered (`gateway.request_path.answer`, or
-`embeddings_path.answer_embeddings`), without a client, at the lowest priority within its
-tenant, shared fairly between tenants, at the plan's batch price. Results go to an output
+answers each line as a live request would be answered (`gateway.request_path.answer`, with
+the line's surface), without a client, as the engine's background work (after every live
+request), shared fairly between tenants, at the plan's batch price. Results go to an output
 and an error file in OpenAI's line shape.
 
     endpoints  which URLs a batch may target: each a surface's parser and its answer()
