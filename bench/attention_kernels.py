@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
 
 import torch  # noqa: E402
 
-from bench.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
+from bench.common.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
 from workers.runner.attention import (  # noqa: E402
     build_metadata,
     paged_attention,

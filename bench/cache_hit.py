@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common.gateway_procs import Pinning  # noqa: E402
 from bench.gateway_overhead import (  # noqa: E402
     GATEWAY_HEADER,
     MODEL,
@@ -51,7 +52,6 @@ from bench.gateway_overhead import (  # noqa: E402
     start_gateway,
     start_mock,
 )
-from bench.gateway_procs import Pinning  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 STANDARD = Settings(requests=10_000, duration_s=5.0, warmup_requests=500, warmup_s=1.0)

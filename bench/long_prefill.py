@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 from workers import AsyncLLMEngine, SamplingParams  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

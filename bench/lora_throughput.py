@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
 
 import torch  # noqa: E402
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 from workers import LLMEngine, SamplingParams  # noqa: E402
 from workers.model_files import resolve_model  # noqa: E402
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 from billing.meter import UsageMeter  # noqa: E402
 from tenancy.db import make_engine, make_sessionmaker  # noqa: E402
 from tests.dbutil import migrated_database  # noqa: E402

@@ -39,7 +39,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
 from workers.runner import cpu_amx, cpu_moe  # noqa: E402
 from workers.runner.linear import onednn_linear, pack_weight  # noqa: E402
 from workers.runner.models.experts import grouped_mm_runs, routed_experts  # noqa: E402

@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.gateway_procs import ServerProcess, http_request  # noqa: E402
-from bench.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.gateway_procs import ServerProcess, http_request  # noqa: E402
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
 from bench.worker_fleet import (  # noqa: E402
     SECRET,
     deployments,

@@ -31,9 +31,14 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
 
 import httpx  # noqa: E402
 
-from bench.gateway_overhead import gateway_cli, gateway_env, python  # noqa: E402
-from bench.gateway_procs import ServerProcess, free_port  # noqa: E402
-from bench.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.gateway_procs import (  # noqa: E402
+    ServerProcess,
+    free_port,
+    gateway_cli,
+    gateway_env,
+    python,
+)
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPTS = {"emoji": "😀" * 400, "digits": "0123456789" * 40}

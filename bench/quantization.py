@@ -9,7 +9,7 @@ the float32 oneDNN matmul the engine uses without quantization:
 - `pack`: PyTorch's fused `torch._weight_int8pack_mm` (skipped past --pack-rows: it walks the
   weight once per row and takes seconds there).
 
-Each candidate runs interleaved with the float side (bench/timing.py), so a shared machine's
+Each candidate runs interleaved with the float side (bench/common/timing.py), so a shared machine's
 drift hits both. Weights are cold per call only as far as the shapes exceed the caches: the
 LM head's (113 MB float32) does, the layers' (1-7 MB) stay in L3, which favours float here;
 the engine figures (bench/engine_throughput.py) are the ones that decide.
@@ -40,9 +40,9 @@ if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` imp
 
 import torch  # noqa: E402
 
-from bench.cpu_gemm import SHAPES  # noqa: E402
-from bench.machine import cpu_model  # noqa: E402
-from bench.timing import interleaved  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
+from bench.common.timing import interleaved  # noqa: E402
+from bench.common.workload import LINEAR_SHAPES as SHAPES  # noqa: E402
 from workers.runner.linear import onednn_linear  # noqa: E402
 from workers.runner.quantization import int8_linear, quantize_per_channel  # noqa: E402
 

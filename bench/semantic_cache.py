@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `caching` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 from caching.embedder import Embedder  # noqa: E402
 from caching.semantic import (  # noqa: E402
     DEFAULT_THRESHOLD,

@@ -8,7 +8,7 @@ Run from the repository root:
 Two workloads, greedy:
 - "repeating": SmolLM2 asked to copy-edit a paragraph and give it back in full, the case
   prompt lookup targets (its output quotes its prompt). TPOT p50 at batch 1 and 8.
-- "standard": the engine benchmark's standard workload (bench/workload.py, 64 requests),
+- "standard": the engine benchmark's standard workload (bench/common/workload.py, 64 requests),
   output tok/s, where proposals rarely match and, at 64 rows, are off (max_batch).
 
 Both arms run on the same engine: the plain arm sends `speculative_tokens=0`, so weights,
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model, simd_flags  # noqa: E402
-from bench.workload import _template_ids, build_workload  # noqa: E402
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.workload import _template_ids, build_workload  # noqa: E402
 
 # Written for this benchmark: plain prose with a few slips for the model to mend.
 PARAGRAPHS = [

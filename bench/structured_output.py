@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
-from bench.workload import build_workload  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
+from bench.common.workload import build_workload  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 STANDARD = {"num_requests": 64, "max_prompt": 512, "max_output": 256, "seed": 0}

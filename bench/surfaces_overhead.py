@@ -17,7 +17,7 @@ accounting):
   (``/v1/responses`` with ``store`` left at its default, true: the answer is written to the
   database) and ``responses-nostore`` (``store: false``). Messages and Responses are translated
   to a chat completion for the mock (an OpenAI-compatible upstream);
-- ``litellm``: LiteLLM Proxy 1.106.0 (``bench/litellm_peer.py``), ``chat`` and ``messages``
+- ``litellm``: LiteLLM Proxy 1.106.0 (``bench/common/litellm_peer.py``), ``chat`` and ``messages``
   (its ``/v1/messages`` translates to the OpenAI upstream as well), the peer.
 
 ``/v1/responses`` is measured if the gateway serves the route; if not, it is skipped with a
@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:  # run as a script: make `bench` importable
     sys.path.insert(0, str(ROOT))
 
 from bench import gateway_overhead as go  # noqa: E402
-from bench.gateway_procs import Pinning, ServerProcess, post_json  # noqa: E402
+from bench.common.gateway_procs import Pinning, ServerProcess, post_json  # noqa: E402
 
 CONCURRENCIES = (1, 32)
 TARGET_RATIO = 1.1

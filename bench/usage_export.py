@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "usage_export.json"
 SECRET = "bench-usage-export-secret"

@@ -31,9 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.gateway_overhead import gateway_cli, gateway_env, python  # noqa: E402
-from bench.gateway_procs import ServerProcess, free_port, http_request  # noqa: E402
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.gateway_procs import (  # noqa: E402
+    ServerProcess,
+    free_port,
+    gateway_cli,
+    gateway_env,
+    http_request,
+    python,
+)
+from bench.common.machine import cpu_model  # noqa: E402
 
 REDIS = "redis://127.0.0.1:6379/0"
 SECRET = "bench-fleet-secret"

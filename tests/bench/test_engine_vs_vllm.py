@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bench.common.machine import SIMD_FLAGS
 from bench.engine_vs_vllm import TARGET, cpu_identity, ratio_row, workload_argv
-from bench.machine import SIMD_FLAGS
 
 
 def _report(engine: float | None, vllm: float | None) -> dict:

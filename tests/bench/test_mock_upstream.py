@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from bench.mock_upstream import DEFAULT_REPLY, MockConfig, MockServerThread, build_app
+from bench.common.mock_upstream import DEFAULT_REPLY, MockConfig, MockServerThread, build_app
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLY_TOKENS = len(DEFAULT_REPLY.split(" "))
@@ -23,8 +23,8 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 @pytest.fixture(scope="module")
 def live_url() -> Iterator[str]:
-    """``python -m bench.mock_upstream --port 0`` as a process; its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.mock_upstream", "--port", "0"],
+    """``python -m bench.common.mock_upstream --port 0`` as a process; its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.common.mock_upstream", "--port", "0"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
@@ -215,11 +215,11 @@ async def test_asgi_app_plain_and_stream() -> None:
         assert first["object"] == "chat.completion.chunk"
 
 
-# The benchmark's load generator (bench/gateway_loadgen.py) against the mock.
+# The benchmark's load generator (bench/common/gateway_loadgen.py) against the mock.
 
 
 def test_loadgen_parser_handles_bytes_arriving_one_at_a_time() -> None:
-    from bench.gateway_loadgen import ResponseParser
+    from bench.common.gateway_loadgen import ResponseParser
 
     events = b"data: {}\n\n"
     chunked = (b"HTTP/1.1 200 OK\r\nX-Gateway-Overhead-Ms: 0.25\r\n"
@@ -236,7 +236,7 @@ def test_loadgen_parser_handles_bytes_arriving_one_at_a_time() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_loadgen_against_the_mock(stream: bool) -> None:
-    from bench.gateway_loadgen import Spec, run
+    from bench.common.gateway_loadgen import Spec, run
 
     body = {"model": "m", "messages": MESSAGES, "stream": stream}
     with MockServerThread() as mock:

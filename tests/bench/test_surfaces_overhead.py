@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from bench import gateway_overhead as go
-from bench import portkey_peer
 from bench import surfaces_overhead as so
+from bench.common import portkey_peer
 
 
 def _row(system: str, surface: str, stream: bool, c: int, p50: float, p99: float,

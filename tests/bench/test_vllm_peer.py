@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import engine_throughput as et
-from bench import vllm_peer
+from bench.common import vllm_peer
 
 GIB = 2**30
 
@@ -117,7 +117,7 @@ def test_engine_kwargs_prompts_and_sampling() -> None:
 
 
 def test_prompts_are_the_workloads_token_ids() -> None:
-    from bench.workload import Request, Workload
+    from bench.common.workload import Request, Workload
 
     wl = Workload(seed=0, max_prompt=8, max_output=4, rate=2.0, requests=[
         Request(prompt_token_ids=[7, 8, 9], max_tokens=4),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench import engine_throughput as et
-from bench.workload import build_workload
+from bench.common.workload import build_workload
 from workers.model_files import resolve_model
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from bench.mock_upstream import MockMode, MockServerThread, MockStats
+from bench.common.mock_upstream import MockMode, MockServerThread, MockStats
 from billing.models import PriceVersion, UsageDaily
 from gateway.app import create_app
 from tenancy.db import make_engine, make_sessionmaker

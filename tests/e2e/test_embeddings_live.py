@@ -1,6 +1,6 @@
 """The official `openai` client's `embeddings.create` against a live gateway on loopback:
 `python -m gateway.cli serve` with the bundled all-MiniLM-L6-v2, an OpenAI-compatible upstream
-and a litellm provider (both `bench.mock_upstream` on loopback) as embedding deployments; the
+and a litellm provider (both `bench.common.mock_upstream` on loopback) as embedding deployments; the
 embedding model's defaults as served (the work bound, the forwards' size)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.mock_upstream import MockServerThread
+from bench.common.mock_upstream import MockServerThread
 from tests.dbutil import BACKENDS, migrated_database
 from tests.gateway.support import MockUpstream, mock_servers
 

@@ -21,7 +21,7 @@ import yaml
 from aiohttp import web
 from fastapi import FastAPI
 
-from bench.mock_upstream import MockServerThread
+from bench.common.mock_upstream import MockServerThread
 from gateway.app import create_app
 from gateway.server import uvicorn_config
 from gateway.settings import Settings
@@ -217,7 +217,7 @@ def bearer(key: str) -> dict[str, str]:
 
 
 class MockUpstream:
-    """`python -m bench.mock_upstream` as a subprocess on a free loopback port."""
+    """`python -m bench.common.mock_upstream` as a subprocess on a free loopback port."""
 
     def __init__(self, *args: str) -> None:
         self.port = free_port()
@@ -227,7 +227,7 @@ class MockUpstream:
 
     def start(self) -> MockUpstream:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.mock_upstream", "--host", "127.0.0.1",
+            [sys.executable, "-m", "bench.common.mock_upstream", "--host", "127.0.0.1",
              "--port", str(self.port), *self._args],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -275,7 +275,7 @@ async def test_key_scopes_apply(world: EmbedWorld, sqlite_url: str, tmp_path: Pa
 
 async def test_fallback_to_the_next_upstream(sqlite_url: str, tmp_path: Path,
                                              mocks: dict[str, Any]) -> None:
-    from bench.mock_upstream import MockMode
+    from bench.common.mock_upstream import MockMode
 
     mocks["down"].mock.mode = MockMode(status=500)
     deployments = [http_embedding(mocks["down"], "first", input_price_per_1m="0.01"),

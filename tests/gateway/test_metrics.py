@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.mock_upstream import MockMode, MockServerThread
+from bench.common.mock_upstream import MockMode, MockServerThread
 from gateway.deployments.registry import DeploymentRegistry
 from gateway.observability.metrics import OTHER, GatewayMetrics
 from tests.gateway.support import CHAT_MODEL as MODEL

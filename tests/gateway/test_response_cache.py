@@ -16,7 +16,7 @@ import pytest
 import yaml
 from sqlalchemy import select
 
-from bench.mock_upstream import MockConfig, MockServerThread, MockStats
+from bench.common.mock_upstream import MockConfig, MockServerThread, MockStats
 from gateway.app import create_app
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.models import UsageRecord
@@ -234,7 +234,7 @@ async def test_hits_are_metered_as_cached_at_the_plan_price(world):
 
 
 async def test_failed_and_cut_answers_are_never_cached(world):
-    from bench.mock_upstream import MockMode
+    from bench.common.mock_upstream import MockMode
 
     world.upstream.mock.mode = MockMode(cut_after_events=3)
     try:

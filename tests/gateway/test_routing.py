@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from bench.mock_upstream import MockMode, MockServerThread
+from bench.common.mock_upstream import MockMode, MockServerThread
 from tests.gateway.support import CHAT_MODEL as MODEL
 from tests.gateway.support import (
     GatewayWorld,

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from bench.mock_upstream import DEFAULT_REPLY, MockServerThread
+from bench.common.mock_upstream import DEFAULT_REPLY, MockServerThread
 from gateway.app import create_app
 from gateway.observability.logs import (
     REDACTED,

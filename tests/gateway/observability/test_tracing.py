@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from bench.mock_upstream import MockMode, MockServerThread
+from bench.common.mock_upstream import MockMode, MockServerThread
 from tests.gateway.support import CHAT_MODEL as MODEL
 from tests.gateway.support import (
     GatewayWorld,

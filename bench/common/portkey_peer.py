@@ -31,7 +31,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PORTKEY_VERSION = "1.15.2"
 PACKAGE = "@portkey-ai/gateway"
 NODE_SERVER_PIN = "1.14.1"  # see the module docstring: 1.14.2+ breaks its streams

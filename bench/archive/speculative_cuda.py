@@ -5,7 +5,7 @@ Run on a CUDA machine from the repository root, with SmolLM2's tokenizer folder 
 config.json saved as smollm2_config.json in it) at `--tokenizer`, since the bundled GGUF may
 not be there:
 
-    python bench/speculative_cuda.py --tokenizer .gpu/tok
+    python bench/archive/speculative_cuda.py --tokenizer .gpu/tok
 
 Writes `$OUT/spec_cuda.json` (or /tmp/out). Figures: docs/benchmarks.md "Speculative decoding".
 """

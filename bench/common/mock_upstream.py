@@ -2,8 +2,8 @@
 
 Run from the repository root:
 
-    .venv/bin/python -m bench.mock_upstream --host 127.0.0.1 --port 9000
-    .venv/bin/python -m bench.mock_upstream --port 0 --delay-ms 50 --fail-rate 0.1
+    .venv/bin/python -m bench.common.mock_upstream --host 127.0.0.1 --port 9000
+    .venv/bin/python -m bench.common.mock_upstream --port 0 --delay-ms 50 --fail-rate 0.1
 
 It prints one line, ``mock upstream listening on http://HOST:PORT``, once it accepts
 connections. Endpoints:

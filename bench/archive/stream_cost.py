@@ -3,7 +3,7 @@
 The gateway (SQLite, in-process limiter) is pinned to its own cores, the mock upstream and
 the load generator to the others; the mock answers a 512-word reply cut at `max_tokens`.
 
-    .venv/bin/python bench/stream_cost.py [--chunk-delay-ms 2] [--concurrency 64] [--plain]
+    .venv/bin/python bench/archive/stream_cost.py [--chunk-delay-ms 2] [--concurrency 64] [--plain]
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import gateway_overhead as go  # noqa: E402
-from bench.gateway_procs import Pinning, ServerProcess, free_port  # noqa: E402
+from bench.common.gateway_procs import Pinning, ServerProcess, free_port, python  # noqa: E402
 
 REPLY = " ".join(f"w{i}" for i in range(512))
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         port = free_port()
-        argv_mock = [go.python(), "-m", "bench.mock_upstream", "--host", "127.0.0.1",
+        argv_mock = [python(), "-m", "bench.common.mock_upstream", "--host", "127.0.0.1",
                      "--port", str(port), "--reply", REPLY]
         if args.chunk_delay_ms:
             argv_mock += ["--chunk-delay-ms", str(args.chunk_delay_ms)]

@@ -1,4 +1,5 @@
-"""Server processes for the gateway benchmark: start (optionally pinned), wait, measure, stop.
+"""Server processes for the gateway benchmarks: start (optionally pinned), wait, measure, stop;
+the project's interpreter and a throwaway gateway's environment and setup CLI.
 
 Only loopback addresses are ever contacted; every wait is bounded in time.
 """
@@ -7,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +23,52 @@ from typing import Any
 
 import psutil
 
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT_PY = ROOT / ".venv" / "bin" / "python"
 READY_POLL_S = 0.2
+
+
+def python() -> str:
+    """The project's interpreter when present (the gateway and uvloop live there)."""
+    return str(PROJECT_PY) if PROJECT_PY.exists() else sys.executable
+
+
+def gateway_env(tmp: Path, server: str = "uvicorn") -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "SWITCHBOARD_SERVER": server,
+        "SWITCHBOARD_DATABASE_URL": f"sqlite+aiosqlite:///{tmp / 'gw.db'}",
+        "SWITCHBOARD_SECRET_FILE": str(tmp / "secret"),
+        "SWITCHBOARD_USAGE_OUTBOX_DIR": str(tmp / "outbox"),
+        "SWITCHBOARD_EMBEDDED__MODEL": "none",
+        "SWITCHBOARD_DEPLOYMENTS_FILE": str(tmp / "deployments.yaml"),
+        "SWITCHBOARD_LOG_LEVEL": "warning",
+        "HF_HUB_OFFLINE": "1",
+    })
+    return env
+
+
+def gateway_cli(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """Run one ``gateway.cli`` setup command; its JSON output (the last JSON line printed)."""
+    argv = [python(), "-m", "gateway.cli", *args]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=180, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"`{shlex.join(args)}` exited {done.returncode}: "
+                           f"{(done.stderr or done.stdout)[-1500:]}")
+    for line in reversed(done.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                parsed = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(parsed, dict):
+                return parsed
+    try:
+        parsed = json.loads(done.stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"`{shlex.join(args)}` printed no JSON: {done.stdout[-500:]}") from exc
+    return parsed if isinstance(parsed, dict) else {"value": parsed}
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -9,7 +9,7 @@
 Each pair runs interleaved (rounds of both, median of medians), so a shared machine's drift
 hits both sides alike.
 
-Usage: .venv/bin/python bench/decode_gather.py [--rounds 6]
+Usage: .venv/bin/python bench/archive/decode_gather.py [--rounds 6]
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` importable
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.timing import interleaved  # noqa: E402
+from bench.common.timing import interleaved  # noqa: E402
 from workers.runner.attention import GatherWorkspace, build_metadata, paged_attention  # noqa: E402
 
 BLOCK, KV_HEADS, HEADS, DIM = 16, 3, 9, 64  # SmolLM2-135M

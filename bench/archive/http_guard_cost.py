@@ -7,7 +7,7 @@ fake transport, a typical chat request (8 headers, a 300-byte JSON body) fed to 
 a trivial ASGI app that reads the body and answers; rounds alternate between the two
 protocols and the best round of each is kept.
 
-    .venv/bin/python bench/http_guard_cost.py            # ~10 s
+    .venv/bin/python bench/archive/http_guard_cost.py            # ~10 s
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -13,7 +13,7 @@ SmolLM2's shapes (9 query heads, 3 KV heads, head_dim 64), float32 or `--dtype b
 
 The ways run interleaved, best of `--repeats`; GFLOP/s counts the causal attention's
 multiply-adds (4 x heads x dim x chunk x (cached + (chunk + 1) / 2)). Usage:
-.venv/bin/python bench/prefill_attention.py [--chunk 1024] [--contexts 1024,3072,5120]
+.venv/bin/python bench/archive/prefill_attention.py [--chunk 1024] [--contexts 1024,3072,5120]
     [--dtype bfloat16]
 """
 
@@ -25,13 +25,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.machine import cpu_model  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
 from workers.runner import amx_prefill, cbuild, vec_prefill  # noqa: E402
 from workers.runner.attention import _prefill_cached, causal_mask  # noqa: E402
 from workers.runner.flash_prefill import cached_chunk_attention  # noqa: E402

@@ -10,6 +10,11 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# (name, in features, out features) of SmolLM2-135M's projections: the linear-layer workload of
+# bench/quantization.py (and of bench/archive/cpu_gemm.py)
+LINEAR_SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
+                 ("lm_head", 576, 49152)]
+
 # A fixed word list (plain English, written for this benchmark) so prompts need no download.
 _WORD_TEXT = (
     "the of and to in is was for on that with as by at from his her they this had not are but "

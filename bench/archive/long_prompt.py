@@ -11,7 +11,7 @@ budget, no per-request cap, so the chunking does not depend on the scheduler's d
 512 is the engine's default `long_prefill_token_threshold`), and every chunk after the first
 attends to cached context: the case the prefill kernels differ on. The steps are counted.
 
-Usage: .venv/bin/python bench/long_prompt.py [--tokens 6000] [--kernels flash,masked]
+Usage: .venv/bin/python bench/archive/long_prompt.py [--tokens 6000] [--kernels flash,masked]
 Prints a table last and writes bench/results/long_prompt-cpu.json (a non-default run writes
 long_prompt-cpu-smoke.json, which git ignores).
 """
@@ -31,20 +31,21 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from bench.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
 from workers import LLM, SamplingParams  # noqa: E402
 from workers.config import EngineArgs  # noqa: E402
 from workers.model_files import resolve_model  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = ROOT / "bench" / "results"
 DEFAULTS = {"tokens": 6000, "kernels": "flash,masked", "repeats": 2,
-            "chunk": EngineArgs.long_prefill_token_threshold, "hf": True, "threads": 0}
+            "chunk": EngineArgs.model_fields["long_prefill_token_threshold"].default, "hf": True,
+            "threads": 0}
 
 
 def engine_system(kernel: str, llm: LLM, steps: list[int]

@@ -3,7 +3,7 @@
 Server time comes from Redis's own INFO commandstats (script calls), client CPU from this
 process. Keys live under a fresh namespace that is deleted afterwards.
 
-    .venv/bin/python bench/redis_limiter_cost.py [--requests 20000] [--concurrency 32]
+    .venv/bin/python bench/archive/redis_limiter_cost.py [--requests 20000] [--concurrency 32]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import redis
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -6,7 +6,7 @@ passing a JSON spec on stdin, and reads one JSON result line from stdout:
     echo '{"url": "http://127.0.0.1:9000/v1/chat/completions", "body": "{...}",
            "headers": {"Authorization": "Bearer x"}, "concurrency": 32,
            "requests": 20000, "duration_s": 10, "warmup_requests": 500, "warmup_s": 2}' \
-        | .venv/bin/python bench/gateway_loadgen.py
+        | .venv/bin/python bench/common/gateway_loadgen.py
 
 Each of ``concurrency`` keep-alive connections sends the next request as soon as the previous
 response is complete (closed loop), so latency is time to last byte, streams included; time to

@@ -2,9 +2,9 @@
 
 Run from the repository root:
 
-    .venv/bin/python bench/profile_engine.py                       # the standard workload
-    .venv/bin/python bench/profile_engine.py --num-requests 16     # quick look
-    .venv/bin/python bench/profile_engine.py --engine-arg elementwise=torch
+    .venv/bin/python bench/archive/profile_engine.py                       # the standard workload
+    .venv/bin/python bench/archive/profile_engine.py --num-requests 16     # quick look
+    .venv/bin/python bench/archive/profile_engine.py --engine-arg elementwise=torch
 
 The engine runs `llm.generate` over the workload once with every part of a step wrapped in a
 wall-clock timer (CPU work is synchronous, so a timer around a call is its cost): scheduling,
@@ -31,13 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.common.machine import cpu_model, simd_flags  # noqa: E402
+from bench.common.workload import build_workload  # noqa: E402
 from bench.engine_throughput import STANDARD, WORKLOADS  # noqa: E402
-from bench.machine import cpu_model, simd_flags  # noqa: E402
-from bench.workload import build_workload  # noqa: E402
 
 
 class Timers:

@@ -6,7 +6,7 @@ the row counts a step has: 1-64 decode rows, 512-2048 prefill tokens. Each pair 
 interleaved (rounds of both, median of medians), so a shared machine's drift hits both sides
 alike. Also checks that both give the same product (max abs difference).
 
-Usage: .venv/bin/python bench/cpu_gemm.py [--rows 1,4,16,64,512,2048] [--rounds 5]
+Usage: .venv/bin/python bench/archive/cpu_gemm.py [--rows 1,4,16,64,512,2048] [--rounds 5]
     [--packed HINT] [--dtype float32|bfloat16]
 Prints a table last and writes bench/results/cpu_gemm-cpu.json (`cpu_gemm_packed<HINT>`,
 `-bfloat16` where they apply; a narrower run writes the git-ignored ...-smoke.json).
@@ -20,21 +20,20 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.machine import cpu_model  # noqa: E402
-from bench.timing import interleaved  # noqa: E402
+from bench.common.machine import cpu_model  # noqa: E402
+from bench.common.timing import interleaved  # noqa: E402
+from bench.common.workload import LINEAR_SHAPES  # noqa: E402
 from workers.runner.linear import onednn_available, onednn_linear  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
-# (name, in features, out features) of SmolLM2-135M's projections
-SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576),
-          ("lm_head", 576, 49152)]
+RESULTS = ROOT / "bench" / "results"
+SHAPES = LINEAR_SHAPES  # (name, in features, out features) of SmolLM2-135M's projections
 
 
 def operands(rows: int, in_features: int, out_features: int, dtype: torch.dtype

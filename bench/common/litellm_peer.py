@@ -37,7 +37,7 @@ import tempfile
 from pathlib import Path
 from typing import TextIO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LITELLM_VERSION = "1.106.0"
 LITELLM_REQUIREMENT = f"litellm[proxy]=={LITELLM_VERSION}"
 VENV = ROOT / "bench" / ".venv-litellm"

@@ -1,0 +1,1 @@
+"""One-off experiments, kept but not maintained (bench/archive/README.md)."""
