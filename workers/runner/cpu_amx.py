@@ -4,7 +4,7 @@ steps.
 A decode step's projections are bound by reading the weights once. oneDNN's blocked bfloat16
 matmul read SmolLM2's weights at 11-15 GB/s at 1-64 rows on a 2-core AMX Xeon VM whose
 plain read ran at 23 GB/s; this kernel streams a weight packed once into AMX's tile layout
-at 12-20 GB/s there (1.17-1.41x, `bench/amx_gemm.py`, docs/benchmarks.md). At many rows
+at 12-20 GB/s there (1.17-1.41x, `bench/archive/amx_gemm.py`, docs/benchmarks.md). At many rows
 (long prefill chunks) oneDNN is faster, so the `amx` linear backend keeps both copies and
 picks by rows.
 
@@ -12,7 +12,7 @@ CPUs with AVX-512 BF16 but no AMX (AMD Zen 4, Intel Cooper Lake, or a VM that re
 state) get the same layout read by the `dot` kernel: BF16 dot products of 16 columns x one
 k-pair, 6-12 rows per weight vector. On a 2-core Zen 4 it ran the step's 120 projections at
 1.27x oneDNN's speed at 64 rows, 1.29x at 32, 1.36-1.39x at 1-16 and 1.02x at 128
-(`bench/amx_gemm.py --kernel dot`).
+(`bench/archive/amx_gemm.py --kernel dot`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from workers.runner import cbuild
 
 logger = logging.getLogger(__name__)
 
-# Above this many rows oneDNN's blocked matmul is the faster one (bench/amx_gemm.py).
+# Above this many rows oneDNN's blocked matmul is the faster one (bench/archive/amx_gemm.py).
 MAX_ROWS = {"amx": 512, "dot": 256}
 KERNELS = tuple(MAX_ROWS)
 _P = ctypes.c_void_p

@@ -1,7 +1,7 @@
 """Dense projections on the fastest GEMM this PyTorch build has.
 
 On x86 CPUs PyTorch sends float32 `F.linear` to MKL, which on AMD parts takes a generic code
-path: about half of what the same cores do through oneDNN's matmul (`bench/cpu_gemm.py` on a
+path: about half of what the same cores do through oneDNN's matmul (`bench/archive/cpu_gemm.py` on a
 2-core EPYC: 1.3-2.3x on SmolLM2's shapes from 16 rows up, 2.5-3.0x for the LM head at any
 row count; mixed at 1-4 rows, where the small matmuls are latency, not FLOPs). oneDNN reads
 the same dense weight in place, so switching costs no memory and no copy. Its rows are also
@@ -32,7 +32,7 @@ LINEAR_BACKENDS = ("auto", "torch", "onednn", "onednn_packed", "onednn_upcast", 
 # the backends that keep a tile-layout copy of each weight, and the `cpu_amx` kernel reading it
 TILE_KERNELS = {"amx": "amx", "avx512_bf16": "dot"}
 # The row count weights are blocked for under `onednn_packed`: a decode batch of the standard
-# workload. The blocked weight serves any row count (bench/cpu_gemm.py --packed 64).
+# workload. The blocked weight serves any row count (bench/archive/cpu_gemm.py --packed 64).
 PACK_ROWS_HINT = 64
 _ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
 _NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -99,7 +99,7 @@ def prefill_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     the last dimension is dense). Query i sits at position context + i and sees every
     position up to its own; with a `window`, only the `window` most recent of them (its own
     included). Returns [q_len, heads, dim]. `march`: the build (tests and
-    bench/prefill_attention.py run the AVX2 one on AVX-512 CPUs too)."""
+    bench/archive/prefill_attention.py run the AVX2 one on AVX-512 CPUs too)."""
     if q.dtype not in _DTYPE_CODES:
         raise ValueError(f"no vector prefill kernel for {q.dtype}")
     if widens(q.dtype, q.shape[-1], march):

@@ -68,7 +68,7 @@ def test_matches_the_masked_softmax(q_len, start, dim, dtype):
 @pytest.mark.parametrize("start", [0, 45])
 def test_the_flash_split_takes_an_empty_context(start):
     """No cached tokens is the chunk's own causal attention (torch's kernel alone would stop
-    the process on the empty context: bench/prefill_attention.py --contexts 0 did)."""
+    the process on the empty context: bench/archive/prefill_attention.py --contexts 0 did)."""
     q, k_new, v_new, k_ctx, v_ctx, k_all, v_all = operands(20, start, 64, torch.float32, 3)
     got = flash_prefill.cached_chunk_attention(q, k_ctx, v_ctx, k_new, v_new, 64**-0.5)
     assert got.shape == q.shape
