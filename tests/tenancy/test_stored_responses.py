@@ -114,3 +114,20 @@ async def test_writes_queued_together_share_a_transaction(replicas):
     assert counting.opened == 1  # twenty answers, one write
     found = await asyncio.gather(*(keeper.find(rid, mine) for rid in ids))
     assert [f.id for f in found] == ids
+
+
+async def test_answers_kept_one_after_another_share_a_transaction(replicas):
+    # a gateway at concurrency 1 keeps one answer at a time: the first write waits GROUP_S for
+    # the next ones instead of paying a transaction each
+    makers, mine, *_ = replicas
+    counting = Counting(makers[0])
+    tasks: list[asyncio.Task] = []
+    keeper = Keeper(counting, lambda work: tasks.append(asyncio.ensure_future(work)))
+    ids = [new_response_id() for _ in range(5)]
+    for rid in ids:
+        keeper.keep(**row(rid, mine))
+        await asyncio.sleep(0)  # the write in flight gets its turn between answers
+    await asyncio.gather(*tasks)
+    assert (len(tasks), counting.opened) == (1, 1)
+    found = await asyncio.gather(*(keeper.find(rid, mine) for rid in ids))
+    assert [f.id for f in found] == ids
