@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import ssl
 from collections.abc import Coroutine
-from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,20 +14,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from billing.meter import UsageMeter
-from billing.pricing import ensure_price_version
 from caching.embedder import Embedder
 from caching.factory import make_caches
 from gateway.adapters.cache import AdapterCache
 from gateway.auth import AuthWatcher, KeyCache
 from gateway.budgets import BudgetReconciler, seed_budgets
-from gateway.deployments import DeploymentConfig, DeploymentRegistry
-from gateway.deployments.base import Deployment
-from gateway.deployments.config import HTTP_PROVIDERS, AliasConfig, Capabilities, load_routing_file
+from gateway.deployments import DeploymentRegistry
+from gateway.deployments.build import DeploymentBuilder, configured
 from gateway.deployments.discovery import WorkerDiscovery
-from gateway.deployments.embedding import build_embedding_deployment
-from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
-from gateway.deployments.worker import WorkerDeployment, client_tls
+from gateway.deployments.worker import client_tls
 from gateway.observability.metrics import GatewayMetrics
 from gateway.observability.tracing import Tracing
 from gateway.recent_refusals import RecentRefusals
@@ -69,10 +63,10 @@ class GatewayState:
     reconciler: BudgetReconciler
     metrics: GatewayMetrics
     console_sessions: ConsoleSessions  # console sign-ins: in process, or Redis for replicas
+    builder: DeploymentBuilder  # makes deployments, at startup and at runtime
     background: set[asyncio.Task[None]] = field(default_factory=set)
     tracing: Tracing = field(default_factory=Tracing.off)  # docs/observability.md
     discovery: WorkerDiscovery | None = None  # workers that register in Redis
-    worker_tls: ssl.SSLContext | None = None  # mutual TLS to workers, when configured
     refusals: RecentRefusals = field(default_factory=RecentRefusals)  # gateway/recent_refusals
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -81,52 +75,6 @@ class GatewayState:
         task = asyncio.get_running_loop().create_task(work)
         self.background.add(task)
         task.add_done_callback(self.background.discard)
-
-    async def start_deployment(self, config: DeploymentConfig) -> Deployment:
-        """Build, start and price a deployment found at runtime (a discovered worker)."""
-        deployment = self.build_deployment(config)
-        await deployment.start()
-        await self.record_price(deployment)
-        return deployment
-
-    async def record_price(self, deployment: Deployment) -> None:
-        """Enter the deployment's price in the price book (a new version if it changed), so
-        its usage records point at the price they were charged at."""
-        price = deployment.price
-        async with self.sessionmaker() as session:
-            price_id = await ensure_price_version(
-                session, deployment=deployment.name, tier=deployment.config.tier,
-                rates=price.rates(), source=price.source)
-        deployment.price = replace(price, price_id=price_id)
-
-    def build_deployment(self, config: DeploymentConfig,
-                         engine: AsyncLLMEngine | None = None) -> Deployment:
-        if config.mode == "embedding":
-            return build_embedding_deployment(
-                config, pool=self.http, worker_secret=self.settings.worker_secret,
-                worker_tls=self.worker_tls, device=self.settings.embedding_device,
-                max_batch_rows=self.settings.embedding_max_batch_rows,
-                max_batch_tokens=self.settings.embedding_max_batch_tokens,
-                max_request_tokens=self.settings.embedding_max_request_tokens)
-        if config.provider == "worker":
-            return WorkerDeployment(config, self.http, secret=self.settings.worker_secret,
-                                    stats_interval_s=self.settings.worker_stats_interval_s,
-                                    tls=self.worker_tls)
-        if config.provider in HTTP_PROVIDERS:
-            return HttpDeployment(config, self.http)
-        if config.provider == "litellm":
-            from gateway.deployments.external import LiteLLMDeployment  # imports litellm
-
-            return LiteLLMDeployment(config)
-        from gateway.deployments.embedded import EmbeddedDeployment  # imports the engine
-        from workers.async_engine import AsyncLLMEngine
-
-        if engine is not None:
-            return EmbeddedDeployment(config, engine)
-        spec = self.settings.embedded_engines().get(config.name)
-        if spec is None:  # a `provider: embedded` entry of the deployments file
-            spec = self.settings.embedded.model_copy(update={"model": config.upstream_model})
-        return EmbeddedDeployment(config, AsyncLLMEngine(**spec.engine_kwargs()))
 
 
 async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None,
@@ -146,6 +94,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         failure_threshold=settings.breaker_failure_threshold,
         window_s=settings.breaker_window_s, cooldown_s=settings.breaker_cooldown_s))
     metrics = GatewayMetrics(registry)
+    http = HttpPool(max_connections=settings.upstream_max_connections)
     tracing = (Tracing.from_settings(settings) if tracer_provider is None
                else Tracing(tracer_provider, owned=False))
     state = GatewayState(
@@ -154,7 +103,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
                             interval_s=settings.auth_poll_interval_s),
         limiter=limiter,
         deployments=registry,
-        http=HttpPool(max_connections=settings.upstream_max_connections),
+        http=http,
         meter=UsageMeter(sessionmaker, flush_interval_s=settings.usage_flush_interval_s,
                          outbox_dir=outbox_dir(settings)),
         fallbacks=Fallbacks(registry, max_attempts=settings.route_max_attempts,
@@ -166,19 +115,19 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
         tracing=tracing,
         console_sessions=_console_sessions(settings),
         refusals=RecentRefusals(hold_s=settings.rpm_refusal_hold_s),
-        worker_tls=client_tls(ca_file=settings.worker_tls_ca_file,
-                              cert_file=settings.worker_tls_cert_file,
-                              key_file=settings.worker_tls_key_file),
+        builder=DeploymentBuilder(
+            settings, http, sessionmaker,
+            worker_tls=client_tls(ca_file=settings.worker_tls_ca_file,
+                                  cert_file=settings.worker_tls_cert_file,
+                                  key_file=settings.worker_tls_key_file)),
     )
     await state.http.open()
     await seed_budgets(sessionmaker, state.limiter)
-    configs, aliases = _configured(settings, engine)
+    configs, aliases = configured(settings, engine)
     templates = [c for c in configs if c.discover]
     for config in (c for c in configs if not c.discover):
-        deployment = state.build_deployment(
+        deployment = await state.builder.start(
             config, engine if config.name == "embedded" else None)
-        await deployment.start()
-        await state.record_price(deployment)
         state.deployments.add(deployment)
         logger.info("deployment %s serves model %s (%s, tier %s)", config.name,
                     config.model_name, config.provider, config.tier)
@@ -188,7 +137,7 @@ async def open_state(settings: Settings, *, engine: AsyncLLMEngine | None = None
                              "SWITCHBOARD_REDIS_URL")
         state.discovery = WorkerDiscovery(
             templates, registry, redis_url=settings.redis_url,
-            interval_s=settings.worker_stats_interval_s, build=state.start_deployment)
+            interval_s=settings.worker_stats_interval_s, build=state.builder.start)
         await state.discovery.start()
     for alias in aliases:
         state.deployments.set_alias(alias)
@@ -221,36 +170,6 @@ async def close_state(state: GatewayState) -> None:
     await state.console_sessions.close()
     await state.db.dispose()
     await state.tracing.shutdown()  # flushes the last spans
-
-
-def _configured(settings: Settings, engine: AsyncLLMEngine | None
-                ) -> tuple[list[DeploymentConfig], list[AliasConfig]]:
-    configs = []
-    aliases: list[AliasConfig] = []
-    engines = settings.embedded_engines()
-    if engine is not None and "embedded" not in engines:  # an engine handed in (tests, bench)
-        engines = {"embedded": settings.embedded, **engines}
-    for name, spec in engines.items():
-        configs.append(DeploymentConfig(
-            name=name, model_name=spec.name, provider="embedded",
-            upstream_model=spec.model, tier=spec.tier,
-            input_price_per_1m=spec.input_price_per_1m,
-            output_price_per_1m=spec.output_price_per_1m,
-            capabilities=Capabilities(adapters=spec.enable_lora),
-            shared_prefix_cache=spec.shared_prefix_cache,
-            tool_call_parser=spec.tool_call_parser,
-        ))
-    if settings.embedding_model != "none":
-        configs.append(DeploymentConfig(
-            name="embedded-embedding", model_name=settings.embedding_model_name,
-            provider="embedded", mode="embedding", upstream_model=settings.embedding_model,
-            tier=settings.embedding_tier, input_price_per_1m=settings.embedding_input_price_per_1m,
-            output_price_per_1m=Decimal(0)))
-    if settings.deployments_file is not None:
-        routing = load_routing_file(settings.deployments_file)
-        configs.extend(routing.deployments)
-        aliases = routing.aliases
-    return configs, aliases
 
 
 def outbox_dir(settings: Settings) -> Path | None:

@@ -60,9 +60,7 @@ async def add_deployment(config: DeploymentConfig, state: StateDep) -> dict[str,
     _check_url(config)
     if state.deployments.get(config.name) is not None:
         raise conflict(f"A deployment named '{config.name}' already exists.")
-    deployment = state.build_deployment(config)
-    await deployment.start()
-    await state.record_price(deployment)
+    deployment = await state.builder.start(config)
     try:
         state.deployments.add(deployment)
     except ValueError as exc:
@@ -88,7 +86,7 @@ async def edit_deployment(name: str, edit: DeploymentEdit, state: StateDep
         await new.start()
     if config.configured_price() is None:
         new.price = old.price  # as the provider's price list gave it at start
-    await state.record_price(new)
+    await state.builder.record_price(new)
     state.deployments.replace(old, new)
     if config.provider != "embedded":
         await old.close()  # its background work (a worker's stats poll) ends here
@@ -151,7 +149,7 @@ def _rebuilt(state: GatewayState, old: Deployment, config: DeploymentConfig) -> 
     """The same upstream under the edited config: HTTP deployments share the pool, so a new
     object costs nothing; the embedded engine keeps its engine."""
     engine = getattr(old, "engine", None)
-    new = state.build_deployment(config, engine)
+    new = state.builder.build(config, engine)
     if new.__class__ is not old.__class__:
         raise APIError(500, "deployment type changed", type_="server_error")
     return new
