@@ -44,11 +44,15 @@ if TYPE_CHECKING:
     from workers.async_engine import AsyncLLMEngine
 
 
-def freeze_heap() -> None:
-    """Collect once, then keep what is left (built at startup, alive for the process's life)
-    out of later collections, so a full collection walks only what requests allocate."""
-    gc.collect()
-    gc.freeze()
+def tune_collector(settings: Settings) -> None:
+    """Once started: collect once, then keep what is left (built at startup, alive for the
+    process's life) out of later collections, so a full collection walks only what requests
+    allocate; and collect young objects less often than Python's default."""
+    if settings.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    if settings.gc_thresholds is not None:
+        gc.set_threshold(*settings.gc_thresholds)
 
 
 def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | None = None,
@@ -68,8 +72,7 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
                 worker = BatchWorker(app.state.gateway, FileStore(settings.files_dir))
                 await worker.start()
                 app.state.batch_worker = worker
-            if settings.gc_freeze:
-                freeze_heap()
+            tune_collector(settings)
             yield
         finally:
             try:

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     # the garbage collector's passes (gc.freeze): a full collection walking it paused the
     # event loop 250-300 ms, every request in flight then, the gateway's whole p99 at c=32.
     gc_freeze: bool = True
+    # The collector's thresholds once started (None: Python's, 700/10/10). A request allocates
+    # thousands of objects, so the default young generation was collected several times a
+    # request: 100,000 took 0.56 -> 0.49 ms of CPU a request at c=32 (docs/benchmarks.md).
+    gc_thresholds: tuple[int, int, int] | None = (100_000, 50, 50)
     # The usage outbox: records survive a crash here until they are in the database.
     usage_outbox_dir: Path | None = Path(".switchboard-outbox")
     budget_reconcile_interval_s: float = 60.0  # budget counters raised to the ledger's spend

@@ -120,7 +120,7 @@ def settings(db_url: str, tmp_path: Path, **overrides: Any) -> Settings:
         "embedded": embedded, "embedding_model": "none",
         "auth_poll_interval_s": 0.2, "usage_flush_interval_s": 0.1,
         "usage_outbox_dir": tmp_path / "outbox", "files_dir": tmp_path / "files",
-        "gc_freeze": False,  # a collection per app would cost the suite minutes
+        "gc_freeze": False, "gc_thresholds": None,  # the test process's collector as it is
         **overrides,
     }
     return Settings(**values)
