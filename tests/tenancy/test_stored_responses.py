@@ -116,9 +116,11 @@ async def test_writes_queued_together_share_a_transaction(replicas):
     assert [f.id for f in found] == ids
 
 
-async def test_answers_kept_one_after_another_share_a_transaction(replicas):
+async def test_answers_kept_one_after_another_share_a_transaction(replicas, monkeypatch):
     # a gateway at concurrency 1 keeps one answer at a time: the first write waits GROUP_S for
-    # the next ones instead of paying a transaction each
+    # the next ones instead of paying a transaction each (a long window here: a slow machine
+    # must not split the five)
+    monkeypatch.setattr(stored_responses, "GROUP_S", 0.5)
     makers, mine, *_ = replicas
     counting = Counting(makers[0])
     tasks: list[asyncio.Task] = []
