@@ -7,11 +7,6 @@ segments whose records are all committed. `start` first replays segments that de
 left behind; `stop` (the SIGTERM path) writes everything and leaves no segment of its own.
 With the database down, records wait in memory and on disk and are retried; requests never
 wait for the database.
-
-A batch line is answered through the same request path as a live request; the batch worker
-wraps it in `batch_line(...)`, so its record carries the batch's id and the share of the
-price it was charged at (`batch_id`, `batch_price_percent`) without every path that settles
-a request having to pass them along.
 """
 
 from __future__ import annotations
@@ -21,9 +16,6 @@ import contextlib
 import logging
 import sys
 from collections import deque
-from collections.abc import Iterator
-from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,30 +45,6 @@ _CONNECTION = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout
 _Entry = tuple[dict[str, Any], Segment | None]
 
 
-@dataclass(frozen=True, slots=True)
-class BatchLine:
-    """What marks a batch line's usage record: its batch, and its share of the price."""
-
-    batch_id: str
-    price_percent: int
-
-
-_batch_line: ContextVar[BatchLine | None] = ContextVar("switchboard_batch_line", default=None)
-
-
-@contextlib.contextmanager
-def batch_line(*, batch_id: str, price_percent: int) -> Iterator[BatchLine]:
-    """Records metered inside the block (and in tasks started from it) are lines of
-    `batch_id`, charged at `price_percent` of the normal price: the export can tell them
-    from live requests and show the discount."""
-    line = BatchLine(batch_id, price_percent)
-    token = _batch_line.set(line)
-    try:
-        yield line
-    finally:
-        _batch_line.reset(token)
-
-
 class UsageMeter:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], *,
                  flush_interval_s: float = 0.5, outbox_dir: Path | None = None,
@@ -99,10 +67,6 @@ class UsageMeter:
     def record(self, **fields: Any) -> None:
         """Never blocks and never raises: metering must not fail a request. Once this returns,
         the record survives a kill of the process (when the outbox is writable)."""
-        line = _batch_line.get()
-        if line is not None:
-            fields.setdefault("batch_id", line.batch_id)
-            fields.setdefault("batch_price_percent", line.price_percent)
         segment = self.outbox.append(fields) if self.outbox is not None else None
         if len(self._pending) >= self._max_pending:
             old, old_segment = self._pending.popleft()

@@ -111,8 +111,8 @@ async def serve(request: Request, surface: Surface) -> Response:
 class Origin:
     """Where a canonical request came from: its HTTP headers (tier, cache control), the
     client's channel (to notice it leave), the request's state (its id, upstream time), span
-    and clock. A batch line has no client (`receive` None), runs at `priority` and pays
-    `price_percent` of the normal price."""
+    and clock. A batch line has no client (`receive` None), runs at `priority`, pays
+    `price_percent` of the normal price and names its batch on its usage record."""
 
     headers: Mapping[str, str]
     receive: Receive | None
@@ -121,6 +121,7 @@ class Origin:
     clock: Clock = field(default_factory=Clock)
     priority: int | None = None  # overrides the body's (batch work runs last)
     price_percent: int = 100  # share of the normal price charged (a batch line's discount)
+    batch_id: str | None = None  # a batch line's batch
 
 
 async def answer(gw: GatewayState, key: KeyContext, body: Canonical, surface: Surface,
@@ -181,7 +182,7 @@ async def answer(gw: GatewayState, key: KeyContext, body: Canonical, surface: Su
     headers = ratelimit_headers(decision)
     ticket = Ticket(gw, key, order[0], call, admission, scope_state["request_id"], clock,
                     span=span, dispatches=dispatches, price_percent=origin.price_percent,
-                    streamed=asks.stream)
+                    batch_id=origin.batch_id, streamed=asks.stream)
     try:
         use: CacheUse | None = None
         if asks.completion is not None:  # the response cache keeps completions only

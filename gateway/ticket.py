@@ -71,6 +71,7 @@ class Ticket:
     dispatches: Dispatches = field(default_factory=lambda: Dispatches(None), repr=False)
     # Share of the normal price charged (a batch line: the plan's batch_price_percent).
     price_percent: int = 100
+    batch_id: str | None = None  # a batch line's batch, named on its usage record
     streamed: bool = False  # the answer goes out as server-sent events
     cache_hit: str = "none"
 
@@ -126,6 +127,8 @@ class Ticket:
             queue_ms=self.clock.ms(self.clock.dispatch or now),
             ttft_ms=self.clock.ms(self.clock.first or now), total_ms=self.clock.ms(now),
             started_at=self.clock.started_at, created_at=datetime.now(UTC),
+            batch_id=self.batch_id,
+            batch_price_percent=None if self.batch_id is None else self.price_percent,
         )
         metrics = self.gw.metrics
         metrics.finished(

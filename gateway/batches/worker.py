@@ -56,7 +56,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-from billing.meter import batch_line
 from gateway.batches import lines
 from gateway.batches.endpoints import ENDPOINTS, Endpoint
 from gateway.batches.files import FileStore
@@ -631,12 +630,11 @@ class BatchWorker:
             key = await self.gw.keys.tenant_by_id(run.key_id)
         except APIError as exc:
             return failed(exc.status, exc.body())
-        percent = key.plan.batch_price_percent
         origin = Origin(headers={}, receive=None,
                         state={"request_id": request_id, "upstream_s": 0.0},
-                        priority=BATCH_PRIORITY, price_percent=percent)
-        # The line's usage record names its batch and share (what the export shows).
-        with request_log(request_id), batch_line(batch_id=run.id, price_percent=percent):
+                        priority=BATCH_PRIORITY, price_percent=key.plan.batch_price_percent,
+                        batch_id=run.id)
+        with request_log(request_id):
             bind_tenant(key.tenant_id)
             try:
                 body = checked.body

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing.meter import UsageMeter, batch_line
+from billing.meter import UsageMeter
 from billing.models import UsageDaily
 from billing.outbox import Outbox
 from tenancy.db import make_engine, make_sessionmaker
@@ -56,25 +56,20 @@ async def test_stop_flushes_what_is_pending(sessionmaker):
         assert (await session.scalars(select(UsageRecord.request_id))).all() == ["x"]
 
 
-async def test_records_inside_a_batch_line_name_the_batch(sessionmaker, tmp_path):
-    """The batch worker's mark reaches the record however deep the request path made it (a
-    task started inside the block too), survives the outbox, and marks nothing after."""
+async def test_a_batch_lines_mark_survives_the_outbox(sessionmaker, tmp_path):
+    """A record's batch id and price share (the request path's ticket fills them for a batch
+    line) are written, and kept by what a dead process left in the outbox."""
     meter = UsageMeter(sessionmaker, flush_interval_s=60, outbox_dir=tmp_path / "outbox")
-    meter.record(**record("live-before"))
-    with batch_line(batch_id="batch_1", price_percent=25):
-        meter.record(**record("line-1"))
-        await asyncio.create_task(_record_later(meter, "line-2"))
-    meter.record(**record("live-after"))
-    assert await meter.flush() == 4
+    meter.record(**record("live"))
+    meter.record(**record("line-1"), batch_id="batch_1", batch_price_percent=25)
+    assert await meter.flush() == 2
     async with sessionmaker() as session:
         marks = {r.request_id: (r.batch_id, r.batch_price_percent) for r in (
             await session.scalars(select(UsageRecord))).all()}
-    assert marks == {"live-before": (None, None), "line-1": ("batch_1", 25),
-                     "line-2": ("batch_1", 25), "live-after": (None, None)}
-    # What a dead process left in the outbox keeps its mark on replay.
+    assert marks == {"live": (None, None), "line-1": ("batch_1", 25)}
     dead = UsageMeter(sessionmaker, flush_interval_s=60, outbox_dir=tmp_path / "dead")
-    with batch_line(batch_id="batch_2", price_percent=50):
-        dead.record(**record("line-3", created_at=datetime.now(UTC)))
+    dead.record(**record("line-3", created_at=datetime.now(UTC)), batch_id="batch_2",
+                batch_price_percent=50)
     assert dead.outbox is not None and dead.outbox.close() == 1  # never written
     again = UsageMeter(sessionmaker, flush_interval_s=60, outbox_dir=tmp_path / "dead")
     await again.start()
@@ -82,11 +77,6 @@ async def test_records_inside_a_batch_line_name_the_batch(sessionmaker, tmp_path
     async with sessionmaker() as session:
         row = await session.scalar(select(UsageRecord).where(UsageRecord.request_id == "line-3"))
     assert row is not None and (row.batch_id, row.batch_price_percent) == ("batch_2", 50)
-
-
-async def _record_later(meter: UsageMeter, request_id: str) -> None:
-    await asyncio.sleep(0)
-    meter.record(**record(request_id))
 
 
 # -- durable metering: the outbox ------------------------------------------------------------
