@@ -100,8 +100,8 @@ def live(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> Iterat
         upstream.stop()
 
 
-@pytest.fixture(scope="module")
-def browser(live: Live) -> Iterator[Any]:
+def headless_chromium() -> Iterator[Any]:
+    """Debian's Chromium, headless, through its ChromeDriver; quit when the caller is done."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless", "--no-sandbox", "--disable-gpu",
@@ -114,6 +114,11 @@ def browser(live: Live) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture(scope="module")
+def browser(live: Live) -> Iterator[Any]:
+    yield from headless_chromium()
 
 
 def wait_for(driver: Any, check: Callable[[Any], Any], timeout: float = 15) -> Any:

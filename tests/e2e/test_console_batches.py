@@ -32,7 +32,6 @@ from tests.gateway.support import (
 )
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 from tests.e2e.test_console import (  # noqa: E402
@@ -40,6 +39,7 @@ from tests.e2e.test_console import (  # noqa: E402
     CHROMIUM,
     Live,
     artifacts_dir,
+    headless_chromium,
     shot,
     sign_in,
     wait_for,
@@ -87,18 +87,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def browser(served: Served) -> Iterator[Any]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--window-size=1280,1000",
-                 "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    yield from headless_chromium()
 
 
 def create_batch(base: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
