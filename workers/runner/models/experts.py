@@ -130,14 +130,20 @@ class SparseMoE(nn.Module):
         self.tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # `pack_experts`
         # below FEW_ROWS (token, expert) pairs per expert on average, this kernel instead
         self.few_rows_kernel: str | None = None
+        self.upcast = False  # bfloat16 activations through float32 experts (`pack_experts`)
 
-    def pack_experts(self, tiles: str | None) -> None:
+    def pack_experts(self, tiles: str | None, *, upcast: bool = False) -> None:
         """Pack the experts' weights once for a kernel that takes every expert of a projection
         in one call; the packed copy replaces the stacked one. bfloat16 with a `cpu_amx` tile
         kernel (`amx`, `dot`: the runner's bfloat16 tile backends): its tile layout; float32
-        on CPU: `cpu_moe`'s 16-column blocks (`vec`). Otherwise, or where the sizes do not
-        fit the layout, the stacked weights stay (`auto`: PyTorch's grouped matmul)."""
+        on CPU: `cpu_moe`'s 16-column blocks (`vec`). `upcast` (the `onednn_upcast` linear
+        backend: a CPU without bfloat16 dot products) widens bfloat16 experts to float32 once
+        for `vec`; the block then runs in float32 and rounds its output to bfloat16 once, where
+        PyTorch's bfloat16 matmuls on such a CPU are emulated. Otherwise, or where the sizes
+        do not fit the layout, the stacked weights stay (`auto`: PyTorch's grouped matmul)."""
         gate_up, down = self.experts.gate_up_proj.weight, self.experts.down_proj.weight
+        if upcast and gate_up.dtype == torch.bfloat16:
+            gate_up, down = gate_up.float(), down.float()
         if gate_up.dtype == torch.bfloat16 and tiles is not None:
             if not (cpu_amx.packable(gate_up[0]) and cpu_amx.packable(down[0])
                     and cpu_amx.kernel_available(tiles)):
@@ -149,6 +155,7 @@ class SparseMoE(nn.Module):
         elif cpu_moe.packable(gate_up) and cpu_moe.packable(down) and cpu_moe.available():
             self.tiles = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
             self.kernel = "vec"
+            self.upcast = upcast and self.experts.gate_up_proj.weight.dtype == torch.bfloat16
         else:
             return
         # buffers, so the model's weight bytes (`quantization.weight_bytes`) count them
@@ -174,6 +181,10 @@ class SparseMoE(nn.Module):
         kernel = pick_expert_kernel(self.kernel, x)
         if self.few_rows_kernel is not None and experts.numel() < FEW_ROWS * self.num_experts:
             kernel = self.few_rows_kernel
+        if self.upcast:  # float32 experts: widened in, rounded once out
+            out = routed_experts(x.float(), weights.float(), experts, (), (), self._activate,
+                                 kernel=kernel, tiles=self.tiles, fused=self.fused)
+            return out.to(x.dtype)
         return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
                               self.experts.down_proj.weight, self._activate, kernel=kernel,
                               tiles=self.tiles, fused=self.fused)

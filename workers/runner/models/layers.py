@@ -409,7 +409,7 @@ class DecoderModel(nn.Module):
                     module.bias = nn.Parameter(module.bias.float(), requires_grad=False)
         for module in self.modules():  # experts blocks: their own packing (`experts.py`)
             if hasattr(module, "pack_experts"):
-                module.pack_experts(tiles)
+                module.pack_experts(tiles, upcast=upcast)
         if not hasattr(self, "lm_head"):
             if tiles is not None and cpu_amx.packable(self.embed_tokens.weight):
                 self.head_amx = cpu_amx.pack(self.embed_tokens.weight)

@@ -6,6 +6,7 @@ test_families.py with every other family."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 
@@ -131,6 +132,45 @@ def test_tile_kernels_take_every_expert_in_one_call(kernel):
         fused = block(x, None).float()
     for out in (got, fused):
         torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+def test_upcast_runs_bfloat16_experts_in_float32(family, monkeypatch):
+    """`onednn_upcast` (a CPU without bfloat16 dot products): bfloat16 experts are widened
+    once and packed for the float32 kernel, the block takes bfloat16 in and gives bfloat16
+    out, and its output is the float32 block's on the same (bfloat16-rounded) weights,
+    rounded once."""
+    if not cpu_moe.available():
+        pytest.skip("no C compiler for the float32 MoE kernel")
+    import transformers
+
+    config_class = (transformers.Qwen3MoeConfig if family == "qwen3_moe"
+                    else transformers.MixtralConfig)
+    sizes = ({"moe_intermediate_size": 32, "num_experts": 8} if family == "qwen3_moe"
+             else {"intermediate_size": 32, "num_local_experts": 8})
+    config = config_class(hidden_size=64, num_experts_per_tok=2, num_attention_heads=4,
+                          num_key_value_heads=2, **sizes)
+    arch = family_of({"model_type": family}).arch(config)
+    torch.manual_seed(5)
+    block = arch.mlp(arch, 0)
+    with torch.no_grad():
+        for param in block.parameters():
+            param.normal_(0, 0.3)
+    block = block.to(torch.bfloat16)
+    reference = copy.deepcopy(block).float()  # the same rounded weights, all in float32
+    x = torch.randn(23, 64, dtype=torch.bfloat16)
+    calls = []
+    real = cpu_moe.grouped_linear
+    monkeypatch.setattr(cpu_moe, "grouped_linear",
+                        lambda rows, *a, **k: calls.append(rows.dtype) or real(rows, *a, **k))
+    with torch.no_grad():
+        block.pack_experts(None, upcast=True)
+        assert block.kernel == "vec" and block.upcast
+        assert block.experts.gate_up_proj.weight.numel() == 0
+        got = block(x, None)
+        want = reference(x.float(), None)
+    assert got.dtype == torch.bfloat16 and calls == [torch.float32, torch.float32]
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
 
 
 @pytest.mark.parametrize(("family", "norm"), [("qwen3_moe", True), ("qwen3_moe", False),
