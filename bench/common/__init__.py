@@ -1,2 +1,3 @@
-"""Helpers the benchmarks share: machine facts, timing, workloads, peers, gateway processes,
-the mock upstream and the load generator (bench/README.md)."""
+"""Helpers the benchmarks share: machine facts, timing, workloads, model folders, the engine
+benchmark's runners and report, peers, gateway processes, the mock upstream and the load
+generator (bench/README.md)."""

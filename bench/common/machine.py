@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import platform
+from typing import Any
+
 from workers.runner.cbuild import cpu_flags, cpuinfo_line
 
 
@@ -27,6 +31,13 @@ def simd_flags() -> list[str]:
     """Which of the vector extensions that decide CPU kernel paths this CPU reports."""
     present = cpu_flags()
     return [f for f in SIMD_FLAGS if f in present]
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """What the numbers were measured on (GPU name is filled in from a child)."""
+    return {"cpu": cpu_model(), "cpu_count": os.cpu_count(),
+            "affinity": len(os.sched_getaffinity(0)), "device": device,
+            "python": platform.python_version(), "hostname": platform.node()}
 
 
 def measure_copy_bandwidth(device: str, nbytes: int = 1 << 30, iters: int = 20) -> float:

@@ -11,9 +11,11 @@ pins never meet ours. The install goes in three steps:
    ``torchvision``/``torchaudio``/``torchcodec`` (not needed for text models), plus
    ``xgrammar==0.2.8`` and ``llguidance>=1.7,<1.8``, which vLLM imports when it loads.
 
-The benchmark child runs ``bench/engine_throughput.py --only vllm_cpu`` with the venv's Python
-(`bench/engine_throughput.py` and `bench/common/workload.py` import nothing of the project at module
-level). What it hands vLLM, built here so a test can check it without vLLM installed:
+The benchmark child runs ``bench/engine_throughput.py --only vllm_cpu`` with the venv's Python;
+its runner is `bench/common/vllm_runner.py` (that script and the bench/common modules it imports
+import only the standard library and `workers.runner.cbuild` at module level: no torch,
+transformers or engine). What it hands vLLM, built here so a test can check it without vLLM
+installed:
 
 - the same prompt token ids as every other system (``{"prompt_token_ids": ...}``, no text);
 - greedy sampling with EOS ignored and each request's own ``max_tokens``;

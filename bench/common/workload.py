@@ -1,4 +1,5 @@
-"""The standard engine workload: seeded chat prompts as token ids, plus Poisson arrival times.
+"""The standard engine workload: seeded chat prompts as token ids, plus Poisson arrival times,
+and the named workloads of bench/engine_throughput.py (`WORKLOADS`).
 
 Every system under test reads the very same token ids, so differences in the numbers come from
 the systems and not from tokenisation or templating.
@@ -9,6 +10,20 @@ from __future__ import annotations
 import random
 from dataclasses import asdict, dataclass
 from typing import Any
+
+# bench/engine_throughput.py's standard workload (its defaults) and seed
+STANDARD = {"num_requests": 64, "max_prompt": 512, "max_output": 256, "seed": 0}
+# The three workloads of issue 23 (--workload): request count, prompt and output length ranges.
+WORKLOADS: dict[str, dict[str, int]] = {
+    "standard": {"num_requests": 64, "min_prompt": 16, "max_prompt": 512, "min_output": 16,
+                 "max_output": 256},
+    # prefill-heavier: longer prompts, shorter answers
+    "prefill": {"num_requests": 64, "min_prompt": 128, "max_prompt": 700, "min_output": 24,
+                "max_output": 192},
+    # long prompts (RAG, agents): prompt plus output within SmolLM2's 8,192-token context
+    "long": {"num_requests": 16, "min_prompt": 2048, "max_prompt": 8000, "min_output": 16,
+             "max_output": 64},
+}
 
 # (name, in features, out features) of SmolLM2-135M's projections: the linear-layer workload of
 # bench/quantization.py (and of bench/archive/cpu_gemm.py)

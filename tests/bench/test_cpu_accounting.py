@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench import engine_throughput as et
+from bench.common.cpu_accounting import run_counting_cpu
 
 # The child starts a grandchild that spins until it has used `spin` seconds of CPU (not of
 # wall time: on a busy machine it gets a share of a core) and then leaves a file; the child
@@ -29,13 +29,12 @@ while not os.path.exists(done):
 
 
 def test_an_unreaped_grandchilds_cpu_counts_as_the_runs_own():
-    own = et.run_counting_cpu([sys.executable, "-c", CHILD, "1.5"], 30, None, None)
+    own = run_counting_cpu([sys.executable, "-c", CHILD, "1.5"], 30, None, None)
     assert own >= 1.0  # the grandchild spun ~1.5 s on a core; RUSAGE_CHILDREN sees ~0
 
 
 def test_a_run_past_its_limit_is_stopped():
     started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
-        et.run_counting_cpu([sys.executable, "-c", "import time; time.sleep(30)"], 1, None,
-                            None)
+        run_counting_cpu([sys.executable, "-c", "import time; time.sleep(30)"], 1, None, None)
     assert time.monotonic() - started < 10

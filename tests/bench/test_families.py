@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from bench import engine_throughput as et
 from bench import families
+from bench.common import model_folders
 from workers.runner.models.registry import FAMILIES
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -23,9 +23,9 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
 def test_every_served_family_has_a_config_of_the_common_shape():
     assert set(families.FAMILIES) == {f.name for f in FAMILIES}
     for family in FAMILIES:
-        spec = et.MODEL_CONFIGS[f"family-{family.name}"]
+        spec = model_folders.MODEL_CONFIGS[f"family-{family.name}"]
         assert spec["architecture"] in family.architectures
-        for key, value in et.FAMILY_SHAPE.items():
+        for key, value in model_folders.FAMILY_SHAPE.items():
             if key != "intermediate_size" or family.name != "mixtral":  # its experts' size
                 assert spec[key] == value, (family.name, key)
 
@@ -34,8 +34,8 @@ def test_the_families_have_about_the_same_parameters():
     import transformers
 
     counts = {}
-    for name, (architecture, _) in et.FAMILY_FEATURES.items():
-        settings = dict(et.MODEL_CONFIGS[f"family-{name}"])
+    for name, (architecture, _) in model_folders.FAMILY_FEATURES.items():
+        settings = dict(model_folders.MODEL_CONFIGS[f"family-{name}"])
         settings.pop("architecture")
         cls = getattr(transformers, architecture)
         with torch.device("meta"):
@@ -46,8 +46,8 @@ def test_the_families_have_about_the_same_parameters():
 
 
 def tiny_folder(monkeypatch, tmp_path: Path, family: str) -> Path:
-    architecture, features = et.FAMILY_FEATURES[family]
-    spec = {"architecture": architecture, **et.FAMILY_SHAPE, **features, **TINY}
+    architecture, features = model_folders.FAMILY_FEATURES[family]
+    spec = {"architecture": architecture, **model_folders.FAMILY_SHAPE, **features, **TINY}
     if "layer_types" in spec:
         spec["layer_types"] = spec["layer_types"][: TINY["num_hidden_layers"]]
     if family == "mixtral":
@@ -55,13 +55,13 @@ def tiny_folder(monkeypatch, tmp_path: Path, family: str) -> Path:
     if family == "llama":
         spec["rope_parameters"] = {**spec["rope_parameters"],
                                    "original_max_position_embeddings": 64}
-    monkeypatch.setitem(et.MODEL_CONFIGS, f"tiny-{family}", spec)
+    monkeypatch.setitem(model_folders.MODEL_CONFIGS, f"tiny-{family}", spec)
     monkeypatch.setenv("SWITCHBOARD_CACHE_DIR", str(tmp_path / "cache"))
     base = tmp_path / "base"
     base.mkdir(exist_ok=True)
     (base / "config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}))
-    return et.build_random_model(f"tiny-{family}", base)
+    return model_folders.build_random_model(f"tiny-{family}", base)
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ import pytest
 
 from bench import engine_throughput as et
 from bench.common import vllm_peer
+from bench.common.throughput_report import greedy_agreement
 
 GIB = 2**30
 
@@ -166,7 +167,7 @@ def test_agreement_with_the_engine_counts_whole_outputs() -> None:
     online = {"system": "vllm_cpu", "mode": "online", "heads": [[1], [2], [3], [4]],
               "outputs": [[1, 5], [2, 6], [3, 7], [4, 8]]}
     results = [engine, vllm, online]
-    et.greedy_agreement(results)
+    greedy_agreement(results)
     assert vllm["greedy_agreement"] == 0.75  # first tokens (heads) vs the engine
     assert vllm["engine_agreement"] == 0.5  # every token
     assert online["engine_agreement"] == 1.0
