@@ -1,6 +1,7 @@
 """GGUF files of every family transformers can read, served by the engine: a tiny random model
 written as llama.cpp lays one out (`gguf_files.py`), converted by `workers/model_files.py`
-through transformers, served greedy in float32 on the CPU.
+(its header read by `workers/gguf_metadata.py`) through transformers, served greedy in float32
+on the CPU.
 
 Each generated token must be the argmax of transformers' own model read from the same file, and
 of the original random model the file was written from (the round trip is faithful). What no
@@ -19,7 +20,7 @@ import pytest
 from tests.workers.runner.models.families import WINDOWED, assert_greedy_like_hf, build_family
 from tests.workers.runner.models.gguf_files import llama3_rope_divisors, write_gguf
 from workers import LLM, SamplingParams
-from workers.model_files import gguf_config_overrides, read_gguf_header
+from workers.gguf_metadata import gguf_config_overrides, read_gguf_header
 from workers.runner.models import UnsupportedModelError
 
 CPU32 = {"device": "cpu", "dtype": "float32"}
@@ -119,7 +120,7 @@ def test_llama3_rope_tensor_that_fits_no_settings_is_warned_about(tmp_path, toke
     header = read_gguf_header(path)
     assert "rope_freqs.weight" in header.tensors
     assert "rope_parameters" not in gguf_config_overrides(header)
-    with caplog.at_level(logging.WARNING, logger="workers.model_files"):
+    with caplog.at_level(logging.WARNING, logger="workers.gguf_metadata"):
         llm = LLM(str(path), kv_cache_memory=4 << 20, **CPU32)
     assert any("rope_freqs.weight" in r.getMessage() and "unscaled RoPE" in r.getMessage()
                for r in caplog.records)
