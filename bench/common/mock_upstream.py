@@ -12,6 +12,9 @@ connections. Endpoints:
   the requested model, with usage; ``"stream": true`` gives SSE chunks, a usage chunk when
   ``stream_options.include_usage`` is set, then ``data: [DONE]``. ``max_tokens`` (or
   ``max_completion_tokens``) below the reply length cuts it with ``finish_reason: "length"``.
+- ``POST /v1/responses`` and ``POST /v1/messages``: the same reply in OpenAI's Responses and
+  Anthropic's Messages shapes, whole or as their typed SSE events, or a call of the request's
+  first tool (``bench.common.mock_native``); errors on ``/v1/messages`` take Anthropic's shape.
 - ``POST /v1/embeddings``: a deterministic vector per input (``dimensions`` long, else
   ``EMBEDDING_DIM``), as floats or, with ``encoding_format: "base64"``, little-endian float32
   bytes in base64; usage counts one token per 4 characters (or per token id).
@@ -54,11 +57,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from bench.common import mock_native
+
 DEFAULT_REPLY = "Hello from the mock upstream."
 DEFAULT_MODELS = ("mock-model",)
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
-API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+API_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+             *mock_native.NATIVE_PATHS)
 EMBEDDING_DIM = 8
 REASONS = {
     200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
@@ -163,6 +169,8 @@ def prompt_text(path: str, body: dict[str, Any]) -> str:
     """The prompt's text, for the prompt token count."""
     if path == "/v1/embeddings":
         return " ".join(t for t in embedding_inputs(body.get("input")) if isinstance(t, str))
+    if path in mock_native.NATIVE_PATHS:
+        return mock_native.prompt_text(path, body)
     if path == "/v1/chat/completions":
         messages = body.get("messages") or []
         return " ".join(_content_text(m.get("content")) for m in messages if isinstance(m, dict))
@@ -252,19 +260,27 @@ class MockUpstream:
                                                 "invalid_request_error"))
         mode = self.mode
         delay = (self.config.delay_ms if mode.delay_ms is None else mode.delay_ms) / 1000.0
-        failed = self._failure(mode, delay)
+        errors = mock_native.error_body if req.path == "/v1/messages" else error_body
+        failed = self._failure(mode, delay, errors)
         if failed is not None:
             return failed
         if self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate:
             self.stats.failures += 1
-            body_500 = error_body("mock upstream failure", "server_error")
+            body_500 = errors("mock upstream failure", "server_error")
             return MockResponse(500, body_500, delay_s=delay)
         window = mode.context_window
-        if window is not None and count_tokens(prompt_text(req.path, body)) > window:
+        tokens = count_tokens(prompt_text(req.path, body))
+        if window is not None and tokens > window:
+            if req.path == "/v1/messages":  # Anthropic says it in words only
+                return MockResponse(400, errors(f"prompt is too long: {tokens} tokens > "
+                                                f"{window} maximum", "invalid_request_error"),
+                                    delay_s=delay)
             return MockResponse(400, error_body(
                 f"This model's maximum context length is {window} tokens.",
                 "invalid_request_error", "context_length_exceeded"), delay_s=delay)
-        if req.path == "/v1/embeddings":
+        if req.path in mock_native.NATIVE_PATHS:
+            resp = self._native(req.path, body)
+        elif req.path == "/v1/embeddings":
             resp = self._embeddings(body)
         else:
             resp = self._completion(req.path, body)
@@ -276,7 +292,8 @@ class MockUpstream:
             resp.abort = True
         return resp
 
-    def _failure(self, mode: MockMode, delay: float) -> MockResponse | None:
+    def _failure(self, mode: MockMode, delay: float,
+                 errors: Callable[[str, str], bytes] = error_body) -> MockResponse | None:
         if mode.drop:
             self.stats.failures += 1
             return MockResponse(0, abort=True, delay_s=delay)
@@ -284,8 +301,8 @@ class MockUpstream:
             self.stats.failures += 1
             headers = {"retry-after": mode.retry_after} if mode.retry_after else {}
             kind = "rate_limit_error" if mode.status == 429 else "server_error"
-            return MockResponse(mode.status, error_body(f"mock upstream answers {mode.status}",
-                                                        kind), delay_s=delay, headers=headers)
+            return MockResponse(mode.status, errors(f"mock upstream answers {mode.status}",
+                                                    kind), delay_s=delay, headers=headers)
         return None
 
     def _record(self, req: MockRequest, body: Any) -> None:
@@ -346,6 +363,19 @@ class MockUpstream:
                                                   "total_tokens": tokens}}))
 
     # -- completions
+
+    def _native(self, path: str, body: dict[str, Any]) -> MockResponse:
+        """A Responses or Messages answer (`bench.common.mock_native`)."""
+        limit = body.get("max_output_tokens" if path == "/v1/responses" else "max_tokens")
+        pieces, finish = reply_pieces(self.config.reply, limit)
+        whole, events = mock_native.answer(path, body, pieces, finish,
+                                           count_tokens(prompt_text(path, body)),
+                                           next(self._ids))
+        if events is None:
+            return MockResponse(200, _json(whole))
+        self.stats.streams += 1
+        return MockResponse(200, content_type="text/event-stream", events=events,
+                            chunk_delay_s=self.config.chunk_delay_ms / 1000.0)
 
     def _completion(self, path: str, body: dict[str, Any]) -> MockResponse:
         chat = path == "/v1/chat/completions"

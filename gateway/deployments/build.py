@@ -98,7 +98,7 @@ class DeploymentBuilder:
         if config.provider == "litellm":
             from gateway.deployments.external import LiteLLMDeployment  # imports litellm
 
-            return LiteLLMDeployment(config)
+            return LiteLLMDeployment(config, self.http)
         from gateway.deployments.embedded import EmbeddedDeployment  # imports the engine
         from workers.async_engine import AsyncLLMEngine
 

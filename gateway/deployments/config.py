@@ -17,6 +17,15 @@ from billing.pricing import Rates, charge
 # take the direct pooled HTTP path. "litellm": any provider litellm knows, through litellm.
 Provider = Literal["embedded", "worker", "openai", "litellm"]
 HTTP_PROVIDERS = ("worker", "openai")
+# APIs besides chat completions that a client may speak to the gateway and an upstream may
+# serve as they are: OpenAI's Responses (`/responses`) and Anthropic's Messages (`/messages`).
+NativeApi = Literal["responses", "messages"]
+# What a litellm provider speaks natively when the config does not say: Anthropic's API is
+# Messages wherever it is pointed; OpenAI serves Responses at its own endpoint (with a
+# base_url, an OpenAI-compatible server elsewhere may not, so the config must say).
+LITELLM_NATIVE_APIS: dict[str, tuple[NativeApi, ...]] = {"anthropic": ("messages",),
+                                                         "openai": ("responses",)}
+LITELLM_NATIVE_AT_OWN_ENDPOINT_ONLY = frozenset({"openai"})
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/@-]+$")]
 
 
@@ -72,6 +81,10 @@ class DeploymentConfig(BaseModel):
     # before any work. None: the gateway's `embedding_max_request_tokens` for a model in this
     # process, no bound for an upstream (checked on the estimate where set).
     max_request_tokens: Annotated[int, Field(ge=1)] | None = None
+    # The APIs besides chat completions this upstream serves as they are: a request on that
+    # surface is sent there natively (`gateway.deployments.native`), any other is translated
+    # to chat. None: its provider's defaults (`native`); `openai` and `litellm` only.
+    native_apis: Annotated[list[NativeApi], Field(max_length=2)] | None = None
     # HTTP upstreams: ask for a stream even when the client wants a whole answer (folded
     # here), so the answer's first event ends the routing deadline and a long answer is never
     # cut by it. Remote workers always do.
@@ -101,10 +114,26 @@ class DeploymentConfig(BaseModel):
         elif self.provider in HTTP_PROVIDERS and not self.base_url:
             raise ValueError(f"deployment {self.name!r}: a {self.provider} provider needs "
                              "base_url")
+        if self.native_apis and (self.provider not in ("openai", "litellm")
+                                 or self.mode != "chat"):
+            raise ValueError(f"deployment {self.name!r}: native_apis is for chat deployments "
+                             "of an openai or litellm provider (the engine and workers are "
+                             "sent chat completions)")
         if self.provider == "litellm" and not self.upstream_model:
             raise ValueError(f"deployment {self.name!r}: a litellm provider needs "
                              "upstream_model, e.g. 'openai/gpt-4o-mini'")
         return self
+
+    def native(self, litellm_provider: str | None = None) -> frozenset[NativeApi]:
+        """The native APIs this deployment's upstream speaks: the config's `native_apis`, else
+        the defaults of its litellm provider (`LITELLM_NATIVE_APIS`); none for any other."""
+        if self.native_apis is not None:
+            return frozenset(self.native_apis)
+        if self.provider != "litellm" or litellm_provider is None:
+            return frozenset()
+        if self.base_url and litellm_provider in LITELLM_NATIVE_AT_OWN_ENDPOINT_ONLY:
+            return frozenset()
+        return frozenset(LITELLM_NATIVE_APIS.get(litellm_provider, ()))
 
     def secret(self) -> str | None:
         """The server-side upstream key: inline, or read from the named environment variable."""

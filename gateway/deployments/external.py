@@ -10,6 +10,16 @@ The upstream key and base URL are the deployment's, server-side. The call's keyw
 are built from an allow-list of sampling fields, so nothing in a request body can reach
 litellm's api_base, api_key, extra_headers or mock_response arguments; and no message the
 client sees carries the key or the base URL.
+
+Where the provider speaks the call's surface natively (`DeploymentConfig.native`: Anthropic's
+Messages, OpenAI's Responses at its own endpoint), the surface's body goes to the provider's
+endpoint as it is. litellm says where and how (its provider config's URL and auth headers, found
+once at start), and the gateway's pooled HTTP client sends it and reads the answer
+(`gateway.deployments.http.native_events`): litellm 1.106's own streaming Messages call
+imports its proxy server (`litellm[proxy]`: orjson, soundfile, backoff, ...), which the gateway
+does not install. Native APIs the config asks for and litellm cannot set up (a provider whose
+requests it signs per call, such as Bedrock; no key) are refused at start; a provider's default
+that cannot be set up is logged and translated to chat instead.
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from gateway.deployments.base import (
     AdapterRef,
     Call,
@@ -34,7 +46,10 @@ from gateway.deployments.base import (
     estimated_call,
     failed,
 )
-from gateway.deployments.config import DeploymentConfig, Price
+from gateway.deployments.config import DeploymentConfig, NativeApi, Price
+from gateway.deployments.http import native_events, traced
+from gateway.deployments.http_pool import HttpPool
+from gateway.deployments.native import native_of
 from gateway.errors import APIError, bad_request
 from workers.protocol.events import Event, Failed
 from workers.protocol.render import events_of_chunk, events_of_response, opened_of
@@ -105,23 +120,43 @@ class LiteLLMDeployment(Deployment):
 
     _live = 0  # started and not closed, over all instances: litellm's client cache is global
 
-    def __init__(self, config: DeploymentConfig) -> None:
+    def __init__(self, config: DeploymentConfig, pool: HttpPool | None = None) -> None:
         super().__init__(config)
         self._api_key = config.secret()
         self._redact = _secrets_of(config.base_url, self._api_key)
         self._started = False
         self._cataloged = True  # in litellm's catalog (known at start)
+        self._pool = pool  # sends native calls
+        self._model = ""  # the provider's own name of the model (set at start)
+        self._native: dict[NativeApi, tuple[str, dict[str, str]]] = {}  # URL, headers
+        self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
 
     async def start(self) -> None:
-        """Import litellm off the loop, check the model string, price it from the cost map."""
+        """Import litellm off the loop, check the model string, find the endpoints of the
+        APIs its provider speaks natively, price it from the cost map."""
         litellm = await asyncio.to_thread(load_litellm)
         model = self.config.upstream_model or ""
         try:
-            litellm.get_llm_provider(model=model, api_base=self.config.base_url)
+            self._model, provider, _, _ = litellm.get_llm_provider(
+                model=model, api_base=self.config.base_url)
         except Exception:
             raise bad_request(f"litellm does not know which provider serves {model!r}; use "
                               "'provider/model', e.g. 'openai/gpt-4o-mini'.",
                               param="upstream_model", code="invalid_value") from None
+        self._native = {}
+        for api in sorted(self.config.native(provider)):
+            try:
+                if self._pool is None:
+                    raise bad_request("native APIs need the gateway's HTTP pool",
+                                      param="native_apis")
+                self._native[api] = native_endpoint(litellm, api, self._model, provider,
+                                                    base_url=self.config.base_url,
+                                                    api_key=self._api_key)
+            except APIError as exc:
+                if self.config.native_apis is not None:  # asked for: refused
+                    raise
+                logger.warning("deployment %s: %s requests are translated to chat (%s)",
+                               self.name, api, self._scrubbed(exc.message))
         self._cataloged = _cataloged(litellm, model)
         if self.config.configured_price() is None:
             self.price = cost_map_price(litellm, model)
@@ -147,7 +182,19 @@ class LiteLLMDeployment(Deployment):
                 adapter: AdapterRef | None = None) -> Call:
         return estimated_call(self.config, request, chat=chat, adapter=adapter)
 
-    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+    def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        """Natively where the provider speaks the call's surface, else through litellm."""
+        native = native_of(call.request)
+        if native is not None and native.api in self._native and self._pool is not None:
+            url, headers = self._native[native.api]
+            stream = bool(call.request.stream)
+            pool, body = self._pool, native.upstream_body(self._model, stream=stream)
+            return native_events(lambda: pool.session.post(
+                url, data=body, headers=traced(headers, request_id), timeout=self._timeout),
+                native, call, stream=stream)
+        return self._translated(call, request_id=request_id)
+
+    async def _translated(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         """Waits for the provider's answer (or a stream's first chunk), so a failure before it
         raises (and the router can still fall back); later failures end with `Failed`."""
         litellm = load_litellm()
@@ -283,9 +330,56 @@ class LiteLLMDeployment(Deployment):
         if not isinstance(text, str) or not text:
             raw = getattr(exc, "message", None)
             text = _PREFIXES.sub("", raw if isinstance(raw, str) else str(exc))
+        return self._scrubbed(text).strip()[:2000] or None
+
+    def _scrubbed(self, text: str) -> str:
         for secret in self._redact:
             text = text.replace(secret, "[redacted]")
-        return text.strip()[:2000] or None
+        return text
+
+
+def native_endpoint(litellm: ModuleType, api: NativeApi, model: str, provider: str, *,
+                    base_url: str | None, api_key: str | None) -> tuple[str, dict[str, str]]:
+    """Where and with which headers (auth, `anthropic-version`) the provider takes `api`, as
+    litellm's provider config says; a 400 naming `native_apis` where litellm has none for the
+    provider, or signs its requests per call."""
+    from litellm.llms.base_llm.anthropic_messages.transformation import (
+        BaseAnthropicMessagesConfig,
+    )
+    from litellm.types.router import GenericLiteLLMParams
+    from litellm.utils import ProviderConfigManager
+
+    def refused(why: str) -> APIError:
+        return bad_request(f"litellm's provider {provider!r} cannot be sent {api} natively "
+                           f"({why}); leave it out of native_apis", param="native_apis")
+
+    try:
+        if api == "messages":
+            config = ProviderConfigManager.get_provider_anthropic_messages_config(
+                model=model, provider=litellm.LlmProviders(provider))
+            if config is None:
+                raise refused("litellm has no Messages config for it")
+            if type(config).sign_request is not BaseAnthropicMessagesConfig.sign_request:
+                raise refused("litellm signs its requests per call")
+            url = config.get_complete_url(api_base=base_url, api_key=api_key, model=model,
+                                          optional_params={}, litellm_params={})
+            headers, _ = config.validate_anthropic_messages_environment(
+                headers={}, model=model, messages=[], optional_params={}, litellm_params={},
+                api_key=api_key, api_base=base_url)
+        else:
+            responses = ProviderConfigManager.get_provider_responses_api_config(
+                provider=provider, model=model)
+            if responses is None:
+                raise refused("litellm has no Responses config for it")
+            params = GenericLiteLLMParams(api_key=api_key, api_base=base_url)
+            url = responses.get_complete_url(api_base=base_url, litellm_params=dict(params))
+            headers = responses.validate_environment(headers={}, model=model,
+                                                     litellm_params=params)
+    except APIError:
+        raise
+    except Exception as exc:  # litellm's own complaint (no key, an unknown provider)
+        raise refused(_PREFIXES.sub("", str(exc))[:300]) from None
+    return url, {str(k).lower(): str(v) for k, v in headers.items()}
 
 
 async def _close_litellm_clients() -> None:

@@ -4,13 +4,18 @@ The upstream key is the deployment's own, server-side; the caller's key never go
 Answers are read into typed events once, as they arrive (JSON or SSE); a stream asks for the
 usage event upstream so the real token count can be reconciled (the gateway renders it to the
 caller only if asked).
+
+A Responses or Messages request goes to `{base_url}/responses` or `{base_url}/messages` as it
+is where the config's `native_apis` says the upstream serves that API (`native_events`, shared
+with litellm providers; `gateway.deployments.native` reads the answer); any other request, and
+every request to a worker, is sent to chat (or text) completions.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -25,6 +30,7 @@ from gateway.deployments.base import (
 )
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
+from gateway.deployments.native import ANTHROPIC_VERSION, PATHS, Native, native_of, reader
 from gateway.errors import APIError
 from gateway.observability.tracing import inject_trace_headers
 from workers.protocol.events import Event, Failed
@@ -46,6 +52,9 @@ class HttpDeployment(Deployment):
         secret = config.secret()
         if secret:
             self._headers["authorization"] = f"Bearer {secret}"
+        # The native APIs it serves: their URL and headers (`native_headers`).
+        self._native = {api: (f"{base}{PATHS[api]}", native_headers(api, self._headers, secret))
+                        for api in config.native()}
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
         self.streams_whole = self.streams_whole or config.stream_whole_answers
 
@@ -57,7 +66,19 @@ class HttpDeployment(Deployment):
     # while streaming, and the first event ends the routing deadline.
     streams_whole = False
 
-    async def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+    def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
+        """Natively where the upstream speaks the call's surface, else as chat."""
+        native = native_of(call.request)
+        if native is not None and native.api in self._native:
+            url, headers = self._native[native.api]
+            stream = bool(call.request.stream) or self.streams_whole
+            body = native.upstream_body(self.upstream_fields(call)["model"], stream=stream)
+            return native_events(lambda: self._pool.session.post(
+                url, data=body, headers=traced(headers, request_id), timeout=self._timeout,
+                ssl=self.tls), native, call, stream=stream)
+        return self._chat(call, request_id=request_id)
+
+    async def _chat(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         """The upstream's JSON or SSE read into events once, as it arrives (one generator, no
         layers: this runs per event of every stream)."""
         stream = bool(call.request.stream) or self.streams_whole
@@ -121,11 +142,77 @@ class HttpDeployment(Deployment):
         return json.dumps(body, separators=(",", ":")).encode()
 
     def _post(self, body: bytes, chat: bool, request_id: str) -> Any:
-        headers = {**self._headers, "x-request-id": request_id}
-        inject_trace_headers(headers)  # the dispatch span continues on the worker
-        return self._pool.session.post(
-            self._urls[chat], data=body, headers=headers, timeout=self._timeout, ssl=self.tls
-        )
+        return self._pool.session.post(self._urls[chat], data=body,
+                                       headers=traced(self._headers, request_id),
+                                       timeout=self._timeout, ssl=self.tls)
+
+
+def native_headers(api: str, headers: Mapping[str, str], secret: str | None
+                   ) -> dict[str, str]:
+    """An OpenAI-compatible server's headers for a native API: on /messages also Anthropic's
+    `anthropic-version`, and the key as `x-api-key` too (servers that speak Messages beside
+    chat take one or the other)."""
+    out = dict(headers)
+    if api == "messages":
+        out["anthropic-version"] = ANTHROPIC_VERSION
+        if secret:
+            out["x-api-key"] = secret
+    return out
+
+
+def traced(headers: Mapping[str, str], request_id: str) -> dict[str, str]:
+    """`headers` with the request's id and trace (the dispatch span continues upstream)."""
+    out = {**headers, "x-request-id": request_id}
+    inject_trace_headers(out)
+    return out
+
+
+async def native_events(post: Callable[[], Any], native: Native, call: Call, *, stream: bool
+                        ) -> AsyncIterator[Event]:
+    """The answer of a native API call (`post()` sends it) read into events as it arrives, as
+    `HttpDeployment._chat` reads chat's: a failure before the first event raises (the router
+    may try elsewhere), after it ends the answer with `Failed`; closing this early closes the
+    upstream connection."""
+    usage = call.usage
+    read = reader(native.api)
+    sent = False
+    try:
+        async with post() as resp:
+            await check_response(resp)
+            if not stream:
+                for event in read.whole(_json_object(await resp.read())):
+                    usage.observe(event)
+                    sent = True
+                    yield event
+                usage.finished = read.finished
+                return
+            lines: list[bytes] = []
+            async for line in resp.content:
+                if line.strip():
+                    lines.append(line)
+                    continue
+                chunk = _chunk_of(lines)
+                lines = []
+                if chunk is None or chunk is _DONE:
+                    continue
+                if not isinstance(chunk, dict):
+                    yield Failed(502, "upstream sent an invalid event", "upstream_error")
+                    return
+                for event in read.feed(chunk):
+                    usage.observe(event)
+                    sent = True
+                    yield event
+                    if isinstance(event, Failed):
+                        return
+                if read.finished:
+                    usage.finished = True
+                    return
+            yield Failed(502, "the upstream ended the stream early", "upstream_error")
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        failure = upstream_failure(exc)
+        if not sent:
+            raise failure from None
+        yield failed(failure)
 
 
 async def check_response(resp: aiohttp.ClientResponse) -> None:
@@ -155,7 +242,8 @@ def upstream_failure(exc: BaseException) -> UpstreamFailure:
 
 
 def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
-    """The message and code of an upstream error in OpenAI's shape."""
+    """The message and code of an upstream error in OpenAI's (or Anthropic's) shape.
+    Anthropic says a prompt is too long only in words: that is `context_length_exceeded`."""
     try:
         error = json.loads(raw).get("error")
     except (ValueError, AttributeError):
@@ -164,6 +252,8 @@ def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
         return None, None
     message = error.get("message")
     code = error.get("code")
+    if code is None and isinstance(message, str) and message.startswith("prompt is too long"):
+        code = "context_length_exceeded"
     return (message[:2000] if isinstance(message, str) else None,
             code if isinstance(code, str) else None)
 
@@ -189,10 +279,14 @@ def _chunk_of(lines: list[bytes]) -> Any:
 
 
 def _response_events(raw: bytes, call: Call) -> list[Event]:
+    return events_of_response(_json_object(raw), chat=call.chat)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
     try:
         response = json.loads(raw)
     except ValueError:
         response = None
     if not isinstance(response, dict):
         raise UpstreamFailure(502, "upstream sent an invalid JSON response")
-    return events_of_response(response, chat=call.chat)
+    return response

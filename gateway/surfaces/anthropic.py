@@ -6,6 +6,12 @@ settlement serve both (`gateway.request_path`). Tools reach the engine through t
 template and grammar as OpenAI tools; `tool_use` / `tool_result` blocks become assistant
 `tool_calls` and `tool` messages. What has no counterpart here (extended thinking, documents,
 server tools) is a 400 naming it, never dropped.
+
+The canonical request also carries the body as validated (`NATIVE_FIELDS`, never the client's
+connection or account settings): a deployment whose upstream speaks Messages (an `openai`
+deployment with `native_apis: [messages]`, a litellm `anthropic` provider) is sent that to its
+`/messages` instead of chat completions, and its answer read into the same events
+(`gateway.deployments.native`); every other deployment gets the translation.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.deployments.native import Native, NativeChat, with_native
 from gateway.errors import APIError, anthropic_error_type
 from workers.protocol.events import (
     Event,
@@ -30,6 +37,12 @@ from workers.protocol.requests import ChatCompletionRequest, RequestError, reque
 
 PATH = "/v1/messages"
 VERSION_HEADER = "anthropic-version"
+# What a Messages upstream is sent of a request, as validated (model and stream are set per
+# call); `container` and `thinking` are refused, and the account's settings (workspace,
+# region, diagnostics) are the deployment's, not the client's.
+NATIVE_FIELDS = frozenset({"messages", "system", "max_tokens", "stop_sequences", "temperature",
+                           "top_p", "top_k", "tools", "tool_choice", "metadata",
+                           "output_config", "cache_control", "service_tier"})
 
 
 class _Strict(BaseModel):
@@ -160,9 +173,11 @@ def parse(raw: bytes, *, count_only: bool = False) -> ChatCompletionRequest:
         raise invalid("Code execution containers ('container') are not supported by this "
                       "gateway.", param="container")
     try:
-        return ChatCompletionRequest.model_validate(_chat_body(body))
+        chat = NativeChat.model_validate(_chat_body(body))
     except ValidationError as exc:
         raise _as_api_error(request_error(exc)) from None
+    return with_native(chat, Native("messages", body.model_dump(
+        mode="json", by_alias=True, exclude_none=True, include=NATIVE_FIELDS)))
 
 
 def _chat_body(body: MessagesRequest) -> dict[str, Any]:

@@ -4,8 +4,14 @@ the answer kept for the tenant (`store`, the default) so `previous_response_id`,
 `DELETE /v1/responses/{id}` find it (`tenancy.stored_responses`).
 
 Nothing else differs from chat completions: the same admission, cache, routing, dispatch and
-settlement serve both (`gateway.request_path`), on every deployment, by translation to chat
-(no deployment gets /v1/responses passed through). Input items become chat messages
+settlement serve both (`gateway.request_path`). A deployment whose upstream serves Responses
+(an `openai` deployment with `native_apis: [responses]`, a litellm `openai` provider at
+OpenAI's own endpoint) is sent the request as a Responses body (`Native`, built here from the
+validated fields: the conversation expanded into input items, `store: false`, never
+`previous_response_id` or `metadata`, as the gateway keeps the responses) and its answer is read
+into the same events (`gateway.deployments.native`); the response id, the stored copy and the
+rendering stay the gateway's. Every other deployment gets it translated to chat: input items
+become chat messages
 (`function_call` items an assistant message's `tool_calls`, `function_call_output` items
 `tool` messages); `instructions` a system message first; `text.format` the response format;
 `max_output_tokens` max_tokens. A continuation (`previous_response_id`) is the stored
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from gateway.deployments.native import Native, NativeChat, with_native
 from gateway.errors import APIError, bad_request, not_found
 from tenancy import stored_responses
 from workers.protocol.events import (
@@ -65,6 +72,13 @@ INCLUDABLE = ("file_search_call.results", "web_search_call.results",
               "computer_call_output.output.image_url", "code_interpreter_call.outputs",
               "reasoning.encrypted_content", "message.output_text.logprobs")
 LOGPROBS = "message.output_text.logprobs"
+# What a Responses upstream is sent of a request's own fields, as validated; `input` (the whole
+# conversation), `tools` and `store: false` are added (`native_body`), model and stream per call.
+NATIVE_FIELDS = frozenset({
+    "instructions", "tool_choice", "text", "max_output_tokens", "temperature", "top_p",
+    "top_logprobs", "parallel_tool_calls", "user", "safety_identifier", "prompt_cache_key",
+    "reasoning", "include", "truncation", "service_tier", "max_tool_calls",
+    "prompt_cache_retention"})
 
 
 class _Strict(BaseModel):
@@ -203,8 +217,9 @@ class Turn:
         return self.response_id.removeprefix("resp_")
 
 
-class ResponsesChat(ChatCompletionRequest):
-    """The canonical chat request of a Responses request, carrying its `Turn`."""
+class ResponsesChat(NativeChat):
+    """The canonical chat request of a Responses request, carrying its `Turn` (and its native
+    body)."""
 
     _turn: Turn | None = PrivateAttr(default=None)
 
@@ -317,7 +332,24 @@ def build(body: ResponsesRequest, *, history: list[dict[str, Any]]) -> Responses
         echo=_echo(body, tools), input_items=items, history=history,
         previous_response_id=body.previous_response_id,
         store=body.store is not False, logprobs=logprobs)
+    with_native(request, native_body(body, [*history, *items], tools))
     return request
+
+
+def native_body(body: ResponsesRequest, conversation: list[dict[str, Any]],
+                tools: list[dict[str, Any]]) -> Native:
+    """The request for an upstream that serves Responses: its validated fields, the whole
+    conversation as input items (without the gateway's item ids and statuses), and
+    `store: false` (the gateway keeps the response, so the upstream keeps nothing and is never
+    asked for one it does not have)."""
+    sent = body.model_dump(mode="json", by_alias=True, exclude_none=True,
+                           include=NATIVE_FIELDS)
+    sent["input"] = [{k: v for k, v in item.items() if k not in ("id", "status")}
+                     for item in conversation]
+    if tools:
+        sent["tools"] = [{k: v for k, v in tool.items() if v is not None} for tool in tools]
+    sent["store"] = False
+    return Native("responses", sent)
 
 
 def _echo(body: ResponsesRequest, tools: list[dict[str, Any]]) -> dict[str, Any]:

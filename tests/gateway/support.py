@@ -20,6 +20,7 @@ import uvicorn
 import yaml
 from aiohttp import web
 from fastapi import FastAPI
+from sqlalchemy import select
 
 from bench.common.mock_upstream import MockServerThread
 from gateway.app import create_app
@@ -28,6 +29,7 @@ from gateway.settings import Settings
 from tenancy import service
 from tenancy.db import make_engine, make_sessionmaker
 from tenancy.keys import load_or_create_pepper
+from tenancy.models import UsageRecord
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-key-for-gateway-tests"
@@ -192,6 +194,23 @@ async def serve_world(
     app = create_app(cfg, **(app_kwargs or {}))
     async with in_process(app) as client:
         yield world(client, app, tenant, mocks, **(fields or {}))
+
+
+async def usage_rows(db_url: str, request_ids: list[str], *, timeout_s: float = 10.0
+                     ) -> list[UsageRecord]:
+    """The usage records of `request_ids`, once all are written."""
+    engine = make_engine(db_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            async with make_sessionmaker(engine)() as session:
+                found = list((await session.scalars(select(UsageRecord).where(
+                    UsageRecord.request_id.in_(request_ids)))).all())
+            if len(found) == len(request_ids) or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.05)
+    finally:
+        await engine.dispose()
 
 
 def ok(response: httpx.Response, status: int = 200) -> Any:

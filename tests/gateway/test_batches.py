@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import update
 
 from gateway.app import create_app
 from gateway.batches import lines
@@ -31,7 +31,6 @@ from gateway.errors import APIError
 from gateway.settings import Settings
 from tenancy.batches import Batch
 from tenancy.db import make_engine, make_sessionmaker
-from tenancy.models import UsageRecord
 from tests.gateway.support import (
     CHAT_MODEL,
     GatewayWorld,
@@ -43,6 +42,7 @@ from tests.gateway.support import (
     seed_tenant,
     serve_world,
     settings,
+    usage_rows,
     write_deployments,
 )
 
@@ -297,23 +297,6 @@ async def batch_world(sqlite_url: str, tmp_path: Path, mocks: dict[str, Any], *,
 async def world(sqlite_url, tmp_path, mocks) -> AsyncIterator[BatchWorld]:
     async with batch_world(sqlite_url, tmp_path, mocks) as w:
         yield w
-
-
-async def usage_rows(db_url: str, request_ids: list[str], *, timeout_s: float = 10.0
-                     ) -> list[UsageRecord]:
-    """The usage records of `request_ids`, once all are written."""
-    engine = make_engine(db_url)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while True:
-            async with make_sessionmaker(engine)() as session:
-                found = list((await session.scalars(select(UsageRecord).where(
-                    UsageRecord.request_id.in_(request_ids)))).all())
-            if len(found) == len(request_ids) or time.monotonic() > deadline:
-                return found
-            await asyncio.sleep(0.05)
-    finally:
-        await engine.dispose()
 
 
 async def test_a_batch_answers_every_line_in_openais_shapes(world, sqlite_url):
