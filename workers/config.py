@@ -79,6 +79,14 @@ class EngineArgs(BaseModel):
                             "kernels for float32 on CPU)")
     kv_huge_pages: bool = Field(True, description="the CPU KV pool in 2 MB pages where Linux "
                                                   "offers them")
+    cuda_graphs: bool = Field(
+        True, description="decode-only steps replay CUDA graphs captured at startup, one per "
+                          "batch-size bucket (CUDA with the Triton decode kernel only; "
+                          "ignored on CPU)")
+    cuda_graph_sizes: list[int] | None = Field(
+        None, description="the decode batch sizes captured, as JSON, e.g. [1, 2, 4, 8] "
+                          "(default: 1, 2, 4, then every 8 up to 256, every 16 after, and "
+                          "max_num_seqs; larger batches run eagerly)")
     quantization: Literal["none", "int8"] = Field(
         "none", description="int8: projections, embedding and LM head as int8 with "
                             "per-channel scales")
@@ -92,6 +100,13 @@ class EngineArgs(BaseModel):
     speculative: dict[str, Any] | Any = Field(
         None, description='speculative decoding as JSON, e.g. {"method": "ngram", '
                           '"num_tokens": 4} (docs/engine.md)')
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _graph_sizes(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or min(value) < 1):
+            raise ValueError("cuda_graph_sizes must be positive batch sizes")
+        return value
 
     @field_validator("speculative")
     @classmethod

@@ -30,6 +30,7 @@ def load_model(args: EngineArgs) -> LoadedModel:
     from transformers import AutoConfig, AutoTokenizer
 
     from workers.model_files import resolve_model
+    from workers.runner.cuda_graphs import capture_sizes
     from workers.runner.model_runner import ModelRunner, RunnerConfig, pick_device, pick_dtype
     from workers.runner.models import check_model_folder
 
@@ -60,6 +61,8 @@ def load_model(args: EngineArgs) -> LoadedModel:
             int8_compute=args.int8_compute,
             kv_cache_dtype=args.kv_cache_dtype,
             kv_huge_pages=args.kv_huge_pages,
+            decode_graph_sizes=capture_sizes(args.max_num_seqs, args.cuda_graph_sizes)
+            if args.cuda_graphs else (),
             draft_model=resolve_model(draft) if draft else None,
         ),
         hf_config,
@@ -67,9 +70,10 @@ def load_model(args: EngineArgs) -> LoadedModel:
     )
     logger.info(
         "engine ready: %s on %s, %d KV tokens, max_model_len %d, %s attention (%s prefill), "
-        "%s linear, %s element-wise", folder.name, device, runner.num_blocks * args.block_size,
-        runner.max_model_len, runner.attention_backend, runner.prefill_attention,
-        runner.linear_backend, runner.model.elementwise,
+        "%s linear, %s element-wise, decode graphs %s", folder.name, device,
+        runner.num_blocks * args.block_size, runner.max_model_len, runner.attention_backend,
+        runner.prefill_attention, runner.linear_backend, runner.model.elementwise,
+        list(runner.graphs.sizes) if getattr(runner, "graphs", None) else "off",
     )
     return LoadedModel(tokenizer, runner, eos, hf_config.vocab_size)
 

@@ -251,9 +251,7 @@ def build_metadata(
     groups = [] if decode_kernel else _decode_groups(decodes, batch, None)
     prefills = _prefill_chunks(seqs[num_decodes:], num_decodes, batch, prefill_kernel, None,
                                False)
-    slot = torch.tensor(slots, dtype=torch.long)
-    write_rows = ((slot // bs * num_kv_heads * bs + slot % bs)[:, None]
-                  + torch.arange(num_kv_heads) * bs).flatten()
+    write_rows = slot_rows(torch.tensor(slots, dtype=torch.long), bs, num_kv_heads)
     return AttentionMetadata(
         write_rows=write_rows.to(device, non_blocking=True),
         decode_groups=groups,
@@ -263,6 +261,36 @@ def build_metadata(
         prefill_kernel=prefill_kernel,
         batch=batch,
     )
+
+
+def slot_rows(slots: torch.Tensor, block_size: int, num_kv_heads: int) -> torch.Tensor:
+    """Token slots (`block * block_size + offset`) -> their rows in the flat pool, one per KV
+    head, token-major: `AttentionMetadata.write_rows`. Tensor ops only, on the slots' device
+    (a captured graph computes them from its slot buffer)."""
+    bs = block_size
+    heads = torch.arange(num_kv_heads, device=slots.device) * bs
+    return ((slots // bs * num_kv_heads * bs + slots % bs)[:, None] + heads).flatten()
+
+
+# What a captured batch's longest context counts as: every length may come by a later replay.
+UNBOUNDED = 1 << 62
+
+
+def fixed_decode_metadata(
+    kernel: str, write_rows: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+    block_size: int, num_kv_heads: int, group: int, device: torch.device, dtype: torch.dtype,
+) -> AttentionMetadata:
+    """Metadata of decode rows over fixed-size tensors (a CUDA graph's persistent buffers,
+    `cuda_graphs`) for an in-place decode `kernel`: nothing in it depends on the values
+    those tensors hold, so each replay reads what they hold then. A layer's variant
+    (`for_layer`) keeps the same tensors, and its window is always handed to the kernel:
+    `longest` is unbounded, since a later replay's contexts may pass the window."""
+    batch = _Batch([], block_size, num_kv_heads, group, device, dtype, num_decodes=0,
+                   longest=UNBOUNDED)
+    return AttentionMetadata(
+        write_rows=write_rows, decode_groups=[], prefills=[],
+        decode_batch=DecodeBatch(kernel, seq_lens.shape[0], block_tables, seq_lens),
+        batch=batch)
 
 
 def first_visible(pos: int, window: int | None) -> int:

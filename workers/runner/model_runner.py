@@ -9,12 +9,16 @@ kernels score every proposal in place, and the sampler verifies them (`rejection
 Within each kind, rows are ordered by LoRA slot so that rows of one adapter form one
 contiguous segment. Rows under a grammar (structured outputs) get a token mask from their
 matcher, filled on the CPU while the device computes the logits.
+
+With decode graphs (`cuda_graphs`, `enable_decode_graphs`), a step whose rows are all
+single-token sampling rows of the base model, without proposals, and no more than the largest
+bucket replays a captured graph instead (`cuda_graphs.py`); every other step runs eagerly.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +32,13 @@ from workers.runner.attention import (
     AttentionMetadata,
     GatherWorkspace,
     build_metadata,
+    fixed_decode_metadata,
     pool_window,
+    slot_rows,
 )
 from workers.runner.attention_backend import pick_attention_backend, pick_prefill_attention
 from workers.runner.cpu_fused import pick_elementwise
+from workers.runner.cuda_graphs import DecodeGraphs, Graph, StepViews, cuda_graph_factory
 from workers.runner.draft import DraftProposer
 from workers.runner.kv_quant import check_kv_cache_dtype
 from workers.runner.linear import (
@@ -43,7 +50,7 @@ from workers.runner.linear import (
 )
 from workers.runner.lora import NO_ADAPTER, LoRABatch, LoRASlots
 from workers.runner.models import build_model, check_model_folder
-from workers.runner.models.layers import DecoderModel
+from workers.runner.models.layers import MLP, DecoderModel
 from workers.runner.models.weights import head_differs_from_embedding, load_weights
 from workers.runner.quantization import (
     check_int8_compute,
@@ -88,6 +95,9 @@ class RunnerConfig:
     int8_compute: str = "auto"  # auto | model | bfloat16: the dtype int8 weights multiply in
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
     kv_huge_pages: bool = True  # the CPU pool in 2 MB pages (workers/runner/huge_pages.py)
+    # decode batch sizes captured as CUDA graphs on CUDA (`cuda_graphs.capture_sizes`); ()
+    # captures none. Ignored on CPU.
+    decode_graph_sizes: tuple[int, ...] = ()
 
 
 def pick_device(device: str | None) -> torch.device:
@@ -132,6 +142,7 @@ class ModelRunner:
         self.prefill_attention = prefill_attention  # read per step: may be switched between
         self.workspace = GatherWorkspace()
         self.draft = draft
+        self.graphs: DecodeGraphs | None = None  # `enable_decode_graphs`
 
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
@@ -181,10 +192,66 @@ class ModelRunner:
             config.max_model_len or served_len or hf_config.max_position_embeddings,
             num_blocks * config.block_size,
         )
-        return cls(model, caches, num_blocks, config.block_size, max_model_len, eos_token_ids,
-                   lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
-                   attention_backend=backend, linear_backend=linear_backend,
-                   prefill_attention=prefill, draft=proposer)
+        runner = cls(model, caches, num_blocks, config.block_size, max_model_len,
+                     eos_token_ids, lora_slots=lora_slots, max_lora_rank=config.max_lora_rank,
+                     attention_backend=backend, linear_backend=linear_backend,
+                     prefill_attention=prefill, draft=proposer)
+        if config.decode_graph_sizes and config.device.type == "cuda":
+            runner.enable_decode_graphs(config.decode_graph_sizes)
+        return runner
+
+    def decode_graph_refusal(self) -> str | None:
+        """Why this runner's decode steps cannot be captured, or None."""
+        if self.attention_backend not in ("triton", "cpu"):
+            return (f"decode attention is {self.attention_backend!r}: a graph needs the "
+                    "in-place kernel, which takes fixed-size tables")
+        if any(not isinstance(layer.mlp, MLP) for layer in self.model.layers):
+            return ("mixture-of-experts routing counts tokens per expert (bincount), which "
+                    "waits for the device")
+        return None
+
+    def enable_decode_graphs(self, sizes: Sequence[int],
+                             new_graph: Callable[[], Graph] | None = None) -> bool:
+        """Capture decode graphs of these batch sizes (None `new_graph`: CUDA graphs sharing
+        one memory pool; tests on CPU pass a double). The pool's last block becomes the
+        padding rows' null block: call this before an engine is built on the runner, whose
+        block manager takes `num_blocks`. False, with the reason logged, where the model or
+        its kernels cannot be captured (`decode_graph_refusal`)."""
+        reason = self.decode_graph_refusal()
+        if reason is not None or not sizes:
+            logger.info("decode steps run eagerly: %s", reason or "no batch size to capture")
+            return False
+        if self.num_blocks < 2:
+            raise ValueError("decode graphs need a KV pool of at least 2 blocks (one is the "
+                             "padding rows' null block)")
+        self.num_blocks -= 1
+        self.max_model_len = min(self.max_model_len, self.num_blocks * self.block_size)
+        self.graphs = DecodeGraphs(
+            self._graph_forward, sizes, max_blocks=-(-self.max_model_len // self.block_size),
+            block_size=self.block_size, null_block=self.num_blocks, device=self.device,
+            new_graph=new_graph or cuda_graph_factory())
+        self.graphs.capture()
+        logger.info("decode graphs captured for batch sizes %s", list(self.graphs.sizes))
+        return True
+
+    def _graph_forward(self, views: StepViews) -> torch.Tensor:
+        """A decode step over a bucket's buffers, as graphs capture it: logits of every row."""
+        meta = fixed_decode_metadata(
+            self.attention_backend, slot_rows(views.slots, self.block_size, self.num_kv_heads),
+            views.block_tables, views.seq_lens, self.block_size, self.num_kv_heads,
+            self.group, self.device, self.dtype)
+        hidden = self.model(views.token_ids, views.positions, self.kv_caches, meta,
+                            self.block_size)
+        return self.model.compute_logits(hidden)
+
+    def _replayable(self, rows: list[_Row]) -> bool:
+        """Whether a captured graph serves these rows: single tokens that sample, of the base
+        model, without proposals, and no more rows than the largest bucket. LoRA rows,
+        speculation and prefill chunks run eagerly."""
+        graphs = self.graphs
+        return graphs is not None and 0 < len(rows) <= graphs.max_rows and all(
+            len(r.token_ids) == 1 and r.chunk.num_samples and not r.chunk.draft_token_ids
+            and r.chunk.lora_slot == NO_ADAPTER for r in rows)
 
     @property
     def kv_window(self) -> int | None:
@@ -223,18 +290,17 @@ class ModelRunner:
         rows = sorted(_rows(sched.chunks), key=lambda r: (
             len(r.token_ids) != 1, r.chunk.lora_slot,
             r.start_pos if len(r.token_ids) == 1 else 0))
-        input_ids, positions, meta, ends = self._prepare(rows)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size,
-                            self._lora_batch(rows), between_layers)
-        plain = [c for c in sched.chunks if c.num_samples and not c.draft_token_ids]
-        spec = [c for c in sched.chunks if c.num_samples and c.draft_token_ids]
-        if not plain and not spec:
-            return {}
-        picks = [ends[(c.seq_id, c.start_pos + c.num_tokens - 1)] for c in plain]
-        for c in spec:
-            picks.extend(ends[(c.seq_id, c.start_pos + i)] for i in range(c.num_tokens))
-        logits = self.model.compute_logits(
-            hidden.index_select(0, torch.tensor(picks, device=hidden.device)))
+        if self._replayable(rows):  # one launch: no pause between its layers
+            assert self.graphs is not None
+            plain, spec = [r.chunk for r in rows], []
+            logits = self.graphs.run([(r.token_ids[0], r.start_pos, r.chunk.block_table)
+                                      for r in rows])
+        else:
+            plain = [c for c in sched.chunks if c.num_samples and not c.draft_token_ids]
+            spec = [c for c in sched.chunks if c.num_samples and c.draft_token_ids]
+            logits = self._eager_logits(rows, plain, spec, between_layers)
+            if logits is None:
+                return {}
         results: dict[int, SampleResult] = {}
         if plain:
             mask = self._token_mask(plain)  # CPU work, overlapping the device's (on CUDA)
@@ -251,6 +317,22 @@ class ModelRunner:
                 for c in spec:
                     self.draft.settle(c.seq_id, c.start_pos, len(results[c.seq_id].token_ids) - 1)
         return results
+
+    def _eager_logits(self, rows: list[_Row], plain: list[ScheduledChunk],
+                      spec: list[ScheduledChunk], between_layers: Callable[[], None] | None
+                      ) -> torch.Tensor | None:
+        """The model over the flattened rows; the logits of `plain`'s last tokens, then of
+        every position of `spec`'s chunks (None where nothing samples)."""
+        input_ids, positions, meta, ends = self._prepare(rows)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta, self.block_size,
+                            self._lora_batch(rows), between_layers)
+        if not plain and not spec:
+            return None
+        picks = [ends[(c.seq_id, c.start_pos + c.num_tokens - 1)] for c in plain]
+        for c in spec:
+            picks.extend(ends[(c.seq_id, c.start_pos + i)] for i in range(c.num_tokens))
+        index = torch.tensor(picks).to(hidden.device, non_blocking=True)
+        return self.model.compute_logits(hidden.index_select(0, index))
 
     def _draft_proposals(self, chunks: list[ScheduledChunk]) -> dict[int, torch.Tensor | None]:
         """Fill the draft slots of this step's chunks from the draft model; the draft's

@@ -352,6 +352,11 @@ class DecoderModel(nn.Module):
         self.head_amx: torch.Tensor | None = None  # and its tile-layout copy (`amx`, `dot`)
         self.head_tile_kernel = "amx"
         self.elementwise = "torch"
+        # a buffer, so it is rounded to the model's dtype as HF rounds it and lives on its
+        # device: made per step, it was a host tensor on the decode path
+        self.embed_scale: torch.Tensor | None
+        self.register_buffer("embed_scale", None if arch.embed_scale is None
+                             else torch.tensor(arch.embed_scale), persistent=False)
 
     @property
     def windows(self) -> list[int | None]:
@@ -426,8 +431,8 @@ class DecoderModel(nn.Module):
         called after every layer but the last: another step may run there (the engine's
         interjections), as nothing of this one lives outside these locals in between."""
         residual = self.embed_tokens(input_ids)
-        if self.arch.embed_scale is not None:  # in the model's dtype, as HF rounds it
-            residual = residual * torch.tensor(self.arch.embed_scale, dtype=residual.dtype)
+        if self.embed_scale is not None:
+            residual = residual * self.embed_scale
         ropes: dict[str, Rope] = {}
         for key, table in self.rotary.items():
             if self.elementwise == "cpu":
