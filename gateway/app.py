@@ -81,11 +81,15 @@ def create_app(settings: Settings | None = None, *, engine: AsyncLLMEngine | Non
             finally:
                 await close_state(app.state.gateway)
 
-    app = FastAPI(title="Switchboard", lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    # FastAPI's own OpenTelemetry is off: the gateway's spans are the one source (and its check
+    # ran on every request).
+    app = FastAPI(title="Switchboard", lifespan=lifespan, docs_url="/docs", redoc_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    for module in (responses, messages, embeddings, openai):  # the surfaces, matched first
+        app.router.routes[:0] = module.routes
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(openai.router)
-    app.include_router(embeddings.router)
     app.include_router(messages.router)
     app.include_router(responses.router)
     app.include_router(usage.router)  # before tenant's: its /v1/usage supersedes that one

@@ -40,7 +40,9 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive
+from starlette.routing import Match
+from starlette.routing import Route as HttpRoute
+from starlette.types import Receive, Scope, Send
 
 from gateway import answers
 from gateway.admission import (
@@ -62,7 +64,7 @@ from gateway.routing.fallback import AllAttemptsFailed, Started, TooLong
 from gateway.routing.health import DeploymentHealth
 from gateway.routing.router import plan_route
 from gateway.state import GatewayState
-from gateway.surfaces import CHAT, COMPLETIONS, Canonical, Surface
+from gateway.surfaces import Canonical, Surface
 from gateway.ticket import Clock, Ticket
 from tenancy.context import KeyContext, PlanLimits
 from workers.protocol.render import Fold
@@ -85,8 +87,35 @@ def engine_share(tenant_id: str, plan: PlanLimits, asked: int | None) -> EngineS
                        plan.priority if asked is None else asked)
 
 
-async def serve_completion(request: Request, *, chat: bool) -> Response:
-    return await serve(request, CHAT if chat else COMPLETIONS)
+class SurfaceEndpoint:
+    """A surface's POST as a plain ASGI app. FastAPI's route machinery (its nested router
+    matching, dependency solving and per-route exception wrapper) cost more per request than
+    the rest of the framework together, for endpoints that take the raw request and need none
+    of it; errors still reach the app's handlers (its exception middleware)."""
+
+    def __init__(self, surface: Surface) -> None:
+        self.surface = surface
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await serve(Request(scope, receive), self.surface)
+        await response(scope, receive, send)
+
+
+class SurfaceRoute(HttpRoute):
+    """A plain route that names itself in the scope, as FastAPI's routes do: the request's
+    span and metrics take its template (`workers.telemetry.serve_traced`)."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        match, child = super().matches(scope)
+        if match is Match.FULL:
+            child["route"] = self
+        return match, child
+
+
+def surface_route(path: str, surface: Surface) -> SurfaceRoute:
+    """`POST path` served by `serve` on `surface`, for the app's top level (`create_app`
+    puts these first, so they are matched before any router)."""
+    return SurfaceRoute(path, SurfaceEndpoint(surface), methods=["POST"], name=surface.name)
 
 
 async def serve(request: Request, surface: Surface) -> Response:

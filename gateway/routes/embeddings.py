@@ -1,16 +1,9 @@
-"""OpenAI-compatible embeddings, for tenant keys."""
+"""OpenAI-compatible embeddings, for tenant keys: the surface's POST, a plain route at the
+app's top level (`request_path.SurfaceEndpoint`)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
-
-from gateway.request_path import serve
+from gateway.request_path import surface_route
 from gateway.surfaces import EMBEDDINGS
 
-router = APIRouter(prefix="/v1", tags=["openai"])
-
-
-@router.post("/embeddings")
-async def embeddings(request: Request) -> Response:
-    return await serve(request, EMBEDDINGS)
+routes = [surface_route("/v1/embeddings", EMBEDDINGS)]

@@ -5,23 +5,20 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 
 from gateway.admission import admit, counted_if_refused, limit_scopes
 from gateway.deployments.base import Call, Deployment
 from gateway.observability.metrics import OTHER
-from gateway.request_path import asked_tier, credentials, first_that_fits, serve
+from gateway.request_path import asked_tier, credentials, first_that_fits, surface_route
 from gateway.routing.router import plan_route
 from gateway.state import GatewayState
 from gateway.surfaces import MESSAGES, anthropic
 from tenancy.limits import AdmissionRequest
 
 router = APIRouter(prefix="/v1", tags=["anthropic"])
-
-
-@router.post("/messages")
-async def messages(request: Request) -> Response:
-    return await serve(request, MESSAGES)
+# the surface: a plain route at the app's top level (`request_path.SurfaceEndpoint`)
+routes = [surface_route("/v1/messages", MESSAGES)]
 
 
 @router.post("/messages/count_tokens")

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.deployments.registry import AUTO
 from gateway.deps import SessionDep, StateDep, TenantDep
 from gateway.errors import model_not_found
-from gateway.request_path import serve_completion
+from gateway.request_path import surface_route
 from gateway.state import GatewayState
+from gateway.surfaces import CHAT, COMPLETIONS
 from tenancy import adapters as adapter_rows
 from tenancy.context import KeyContext
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-
-@router.post("/chat/completions")
-async def chat_completions(request: Request) -> Response:
-    return await serve_completion(request, chat=True)
-
-
-@router.post("/completions")
-async def completions(request: Request) -> Response:
-    return await serve_completion(request, chat=False)
+# the completions surfaces: plain routes at the app's top level (`request_path.SurfaceEndpoint`)
+routes = [surface_route("/v1/chat/completions", CHAT),
+          surface_route("/v1/completions", COMPLETIONS)]
 
 
 @router.get("/models")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
 
 from gateway.deps import StateDep, TenantDep
 from gateway.errors import bad_request
-from gateway.request_path import serve
+from gateway.request_path import surface_route
 from gateway.state import GatewayState
 from gateway.surfaces import RESPONSES
 from gateway.surfaces.responses import kept, missing
@@ -21,11 +21,8 @@ from tenancy.stored_responses import RESPONSE_ID_LENGTH, StoredResponse
 router = APIRouter(prefix="/v1", tags=["responses"])
 # What an id of ours can be; anything else (too long, a NUL PostgreSQL refuses) is no response.
 RESPONSE_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{RESPONSE_ID_LENGTH}}}")
-
-
-@router.post("/responses")
-async def create_response(request: Request) -> Response:
-    return await serve(request, RESPONSES)
+# creating one is the surface: a plain route at the app's top level (`SurfaceEndpoint`)
+routes = [surface_route("/v1/responses", RESPONSES)]
 
 
 async def _stored(gw: GatewayState, response_id: str, tenant_id: str) -> StoredResponse:

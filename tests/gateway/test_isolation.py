@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.app import create_app
+from gateway.request_path import SurfaceRoute
 from tenancy import adapters as adapter_rows
 from tenancy import stored_responses
 from tenancy.db import make_engine, make_sessionmaker
@@ -457,9 +458,13 @@ async def test_another_tenants_files_and_batches_do_not_exist(world):
 
 
 def api_routes(app: FastAPI) -> set[tuple[str, str]]:
-    """(METHOD, path template) of every route the app documents."""
-    return {(method.upper(), path) for path, operations in app.openapi()["paths"].items()
-            for method in operations}
+    """(METHOD, path template) of every route the app documents, and of the surfaces' plain
+    routes (`request_path.SurfaceRoute`), which FastAPI's schema does not list."""
+    documented = {(method.upper(), path) for path, operations in app.openapi()["paths"].items()
+                  for method in operations}
+    surfaces = {(method, route.path) for route in app.router.routes
+                if isinstance(route, SurfaceRoute) for method in route.methods or ()}
+    return documented | surfaces
 
 
 def fill(path: str, tenant: Tenant) -> str:
