@@ -25,7 +25,7 @@ from workers.engine.scheduler import ScheduledChunk
 from workers.runner.attention import GatherWorkspace, build_metadata
 from workers.runner.model import LlamaModel
 from workers.runner.rejection import draw
-from workers.runner.sampler import SamplingRow, apply_logit_bias, target_probs
+from workers.runner.sampler import SamplingRow, apply_logit_bias, select_rows, target_probs
 
 
 @dataclass
@@ -97,7 +97,7 @@ class DraftProposer:
         sampled = [j for j, row in enumerate(picked) if not row.params.greedy]
         q = None
         if sampled:
-            q = target_probs(logits[sampled], [picked[j].params for j in sampled],
+            q = target_probs(select_rows(logits, sampled), [picked[j].params for j in sampled],
                              normalize=True)
         for j, i in enumerate(live):
             if picked[j].params.greedy:

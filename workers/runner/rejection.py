@@ -30,6 +30,7 @@ from workers.runner.sampler import (
     apply_penalties,
     gather_logprobs,
     row_argmax,
+    select_rows,
     target_probs,
 )
 from workers.runner.token_mask import TokenMask
@@ -51,7 +52,7 @@ def verify(logits: torch.Tensor, rows: list[SpecRow], eos_token_ids: list[int],
                                 num_output_tokens=r.row.num_output_tokens + i)
             for r in rows for i in range(len(r.drafts) + 1)]
     want = [i for i, f in enumerate(flat) if f.params.logprobs is not None]
-    raw = torch.log_softmax(logits[want], dim=-1) if want else None
+    raw = torch.log_softmax(select_rows(logits, want), dim=-1) if want else None
     if mask is not None:
         token_mask.apply(logits, mask.rows, mask.bitmask)
     apply_logit_bias(logits, flat)
@@ -60,7 +61,8 @@ def verify(logits: torch.Tensor, rows: list[SpecRow], eos_token_ids: list[int],
     random = [i for i, f in enumerate(flat) if not f.params.greedy]
     probs = None
     if random:
-        probs = target_probs(logits[random], [flat[i].params for i in random], normalize=True)
+        probs = target_probs(select_rows(logits, random), [flat[i].params for i in random],
+                             normalize=True)
     prob_row = {flat_index: j for j, flat_index in enumerate(random)}
     chosen = list(argmax)
     emitted: list[list[int]] = []

@@ -68,7 +68,7 @@ def apply(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     if rows == list(range(logits.shape[0])):
         logits += bias
     else:
-        logits.index_add_(0, torch.tensor(rows, device=logits.device), bias)
+        logits.index_add_(0, torch.tensor(rows).to(logits.device, non_blocking=True), bias)
 
 
 def _bias(bitmask: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:

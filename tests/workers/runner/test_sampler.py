@@ -110,3 +110,86 @@ def test_row_argmax_is_argmax_with_ties_nan_and_all_masked_rows():
     odd[1, 40] = odd[1, 41] = 2.0
     odd[2, 7] = float("nan")
     assert row_argmax(odd).tolist() == odd.argmax(dim=-1).tolist() == [0, 40, 7]
+
+
+def _mixed_rows(count: int) -> list[SamplingRow]:
+    """Rows with every per-row setting the sampler batches, in turn."""
+    kinds = [
+        SamplingParams(temperature=0, frequency_penalty=0.7, presence_penalty=0.3),
+        SamplingParams(temperature=0, repetition_penalty=1.7, logit_bias={3: 5.0, 9: -2.5}),
+        SamplingParams(temperature=0.8, min_tokens=4, stop_token_ids=[5], top_p=0.9),
+        SamplingParams(temperature=1.2, frequency_penalty=-0.4, repetition_penalty=0.6,
+                       min_p=0.05, seed=3),
+        SamplingParams(temperature=0),
+    ]
+    rows = []
+    for i in range(count):
+        params = kinds[i % len(kinds)]
+        generator = torch.Generator().manual_seed(i) if params.seed is not None else None
+        output = [(7 * i + 3 * k) % 40 for k in range(i % 4)]
+        rows.append(SamplingRow(params, 1, generator, [(5 * i) % 40, 11, 11], output,
+                                len(output)))
+    return rows
+
+
+def test_penalties_bias_and_bans_of_many_rows_equal_the_per_row_formulas():
+    """Batched over the rows that have them, with each row's own settings: the same values,
+    bit for bit, as applying each row's formulas alone."""
+    from workers.runner.sampler import apply_logit_bias, apply_penalties
+
+    torch.manual_seed(0)
+    logits = torch.randn(10, 40) * 3
+    rows = _mixed_rows(10)
+    expected = logits.clone()
+    for i, r in enumerate(rows):
+        p, row_logits = r.params, expected[i]
+        for token, value in (p.logit_bias or {}).items():
+            row_logits[token] += value
+        if r.output_token_ids and (p.frequency_penalty or p.presence_penalty):
+            counts = torch.bincount(torch.tensor(r.output_token_ids), minlength=40).float()
+            row_logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(r.prompt_token_ids) | set(r.output_token_ids)))
+            values = row_logits[seen]
+            row_logits[seen] = torch.where(values > 0, values / p.repetition_penalty,
+                                           values * p.repetition_penalty)
+        if r.num_output_tokens < p.min_tokens:
+            row_logits[[0, *p.stop_token_ids]] = float("-inf")
+    got = logits.clone()
+    apply_logit_bias(got, rows)
+    apply_penalties(got, rows, [0])
+    assert torch.equal(got, expected)
+
+
+def test_sampling_makes_no_host_tensor_per_row(monkeypatch):
+    """Per-row settings reach the device as one tensor per step each: sampling 12 rows makes
+    as many tensors from Python values as sampling 6 (on CUDA each is a copy), and none with
+    `torch.tensor(..., device=...)`, which copies synchronously."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    made = torch.tensor
+
+    def tensor(*args, **kwargs):
+        assert "device" not in kwargs, "torch.tensor(..., device=...) waits for the device"
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.made += func.overloadpacket.__name__ == "lift_fresh"
+            return func(*args, **(kwargs or {}))
+
+    counts = []
+    for rows in (6, 12):
+        torch.manual_seed(0)
+        logits = torch.randn(rows, 40) * 3
+        with Count() as count:
+            results = sample(logits, _mixed_rows(rows), [0])
+        assert all(len(r.token_ids) == 1 for r in results)
+        counts.append(count.made)
+    assert counts[0] == counts[1]
