@@ -66,9 +66,9 @@ class EngineArgs(BaseModel):
                                                               "memory (default 4 x max_loras)")
     attention_backend: Literal["auto", "torch", "triton", "cpu"] = Field(
         "auto", description="decode attention (auto: Triton on CUDA, the C kernel on CPU)")
-    prefill_attention: Literal["auto", "amx", "vec", "flash", "masked"] = Field(
+    prefill_attention: Literal["auto", "amx", "vec", "flash", "masked", "causal"] = Field(
         "auto", description="prompt chunks (auto: AMX for bfloat16 where the CPU has it, else "
-                            "the AVX-512 kernel where it runs, else flash)")
+                            "the AVX-512 kernel where it runs, else flash; causal on CUDA)")
     linear_backend: Literal["auto", "torch", "onednn", "onednn_packed", "amx", "avx512_bf16",
                             "onednn_upcast"] = Field(
         "auto", description="projection GEMMs (auto: oneDNN on CPU, weights blocked once, "

@@ -15,8 +15,10 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
 - A prefill chunk that starts at position 0 attends only to its own fresh K/V: causal SDPA,
   nothing read from the pool. A later chunk gathers its cached context. With the `flash`
   prefill kernel (the default on CPU) it attends to that context and to its own K/V in two
-  fused calls merged by log-sum-exp (`flash_prefill`); with `masked` (the fallback) it gathers
-  its own positions too and hands SDPA an explicit causal mask. The `amx` and `vec` kernels
+  fused calls merged by log-sum-exp (`flash_prefill`); with `causal` (the default on CUDA) it
+  gathers its own positions too and SDPA takes a lower-right causal bias, which CUDA serves
+  with its flash or memory-efficient kernel without a mask; with `masked` (the fallback) it
+  gathers the same and hands SDPA an explicit causal mask. The `amx` and `vec` kernels
   (`amx_prefill`, `vec_prefill`) take every chunk whole, its context and its own K/V, in one
   call.
 
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from workers.runner import amx_prefill, vec_prefill
 from workers.runner.flash_prefill import cached_chunk_attention
@@ -197,16 +200,19 @@ class AttentionMetadata:
 
 
 # How prefill chunks after cached context are served (attention_backend.pick_prefill_attention).
-PREFILL_KERNELS = ("flash", "masked", "amx", "vec")
+PREFILL_KERNELS = ("flash", "masked", "amx", "vec", "causal")
 # The kernels that take every chunk whole, cached context or not, in one call.
 _CHUNK_KERNELS = {"amx": amx_prefill.prefill_attention, "vec": vec_prefill.prefill_attention}
 
 
 def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) -> str:
     """Which prefill kernel serves a layer with this window and soft-capping: the one place
-    that routes a layer away from a kernel that cannot serve it. Every kernel takes a
-    window; no fused prefill kernel soft-caps, so soft-capped layers take `masked`."""
-    return "masked" if softcap is not None else kernel
+    that routes a layer away from a kernel that cannot serve it. Every kernel but `causal`
+    takes a window (a causal bias has no window: such layers take `masked` where the window
+    binds); no fused prefill kernel soft-caps, so soft-capped layers take `masked`."""
+    if softcap is not None or (kernel == "causal" and window is not None):
+        return "masked"
+    return kernel
 
 
 def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None) -> bool:
@@ -354,7 +360,13 @@ def _prefill_chunks(
     for start, q_len, table in chunks:
         skip = first_visible(start, window) // bs  # whole blocks before the window
         base = skip * bs
-        if kernel != "masked":
+        if kernel == "causal":  # no window here (`_prefill_kernel_for`)
+            pieces = None
+            if start:  # the pool holds the chunk's own K/V too: gather through its last
+                blocks = torch.tensor([table[: -(-(start + q_len) // bs)]], dtype=torch.long)
+                pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
+            prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None, cached=start))
+        elif kernel != "masked":
             if start == 0:
                 prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
             else:
@@ -478,7 +490,10 @@ def paged_attention(
                 parts.append(_prefill_fresh(q[rows], k[rows], v[rows], scale))
             continue
         ctx_k, ctx_v = gather("k", k_cache, chunk.pieces), gather("v", v_cache, chunk.pieces)
-        if chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
+        if meta.prefill_kernel == "causal":
+            parts.append(_prefill_causal(q[rows], ctx_k, ctx_v, k_cache.shape[1], chunk.cached,
+                                         scale))
+        elif chunk.mask is None:  # flash: the cached context only; the chunk's K/V are fresh
             kv_heads, head_dim = k_cache.shape[1], q.shape[-1]
             ctx_k = ctx_k.view(kv_heads, -1, head_dim)[:, : chunk.cached]
             ctx_v = ctx_v.view(kv_heads, -1, head_dim)[:, : chunk.cached]
@@ -531,6 +546,26 @@ def _prefill_fresh(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale, enable_gqa=True,
     )
+    return o[0].transpose(0, 1)
+
+
+def _prefill_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: int,
+                    cached: int, scale: float) -> torch.Tensor:
+    """A chunk after `cached` positions: k, v are its gathered context through its own last
+    position, `[kv_heads * whole blocks, dim]`. SDPA with a lower-right causal bias (query i
+    sees keys up to cached + i): on CUDA one flash or memory-efficient kernel call with no
+    mask in memory; elsewhere SDPA's math path, which builds the mask itself. K/V heads are
+    repeated for grouped queries: the bias's fused calls take equal head counts."""
+    q_len, num_heads, head_dim = q.shape
+    keys = cached + q_len
+    k = k.view(num_kv_heads, -1, head_dim)[:, :keys]
+    v = v.view(num_kv_heads, -1, head_dim)[:, :keys]
+    if num_heads != num_kv_heads:
+        k = k.repeat_interleave(num_heads // num_kv_heads, dim=0)
+        v = v.repeat_interleave(num_heads // num_kv_heads, dim=0)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0),
+                                       v.unsqueeze(0), attn_mask=causal_lower_right(q_len, keys),
+                                       scale=scale)
     return o[0].transpose(0, 1)
 
 

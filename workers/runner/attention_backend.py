@@ -69,7 +69,9 @@ def pick_prefill_attention(name: str, device: torch.device, *,
                            dtype: torch.dtype = torch.float32, head_dim: int = 0) -> str:
     """How a prefill chunk after cached context attends: `flash` (two fused-kernel calls
     merged by log-sum-exp, `flash_prefill`), `masked` (one SDPA call with an explicit
-    causal mask over the gathered context; on CPU, SDPA's unfused math path), `amx` (every
+    causal mask over the gathered context; on CPU, SDPA's unfused math path), `causal` (one
+    SDPA call with a lower-right causal bias over the same: on CUDA a flash or
+    memory-efficient kernel with no mask in memory; on CPU the math path), `amx` (every
     prefill chunk, cached context or not, through one AMX kernel call, `amx_prefill`) or `vec`
     (the same through one AVX-512 or AVX2 kernel call, `vec_prefill`).
 
@@ -77,8 +79,8 @@ def pick_prefill_attention(name: str, device: torch.device, *,
     of 64 or 128: 1.5-2.9x the flash split on a Zen 4; bfloat16 widened to float32 where the
     CPU lacks AVX-512 BF16, 1.1-1.4x on a Xeon without it; docs/benchmarks.md; its AVX2
     build is explicit only), else `flash` where it
-    runs (CPU, with the kernel in this torch), else `masked`. On CUDA nothing faster has
-    been measured yet, so it keeps `masked` there.
+    runs (CPU, with the kernel in this torch); `causal` on CUDA (since issue 41, not yet run
+    on a GPU: `masked` is the known-good fallback there), else `masked`.
     """
     if name not in PREFILL_ATTENTION:
         raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}")
@@ -87,7 +89,9 @@ def pick_prefill_attention(name: str, device: torch.device, *,
             return "amx"
         if vec_prefill.preferred(dtype, head_dim, device):
             return "vec"
-        return "flash" if flash_prefill.fits(device) else "masked"
+        if flash_prefill.fits(device):
+            return "flash"
+        return "causal" if device.type == "cuda" else "masked"
     if name == "amx" and not amx_prefill.fits(dtype, head_dim, device):
         raise ValueError("prefill_attention 'amx' needs bfloat16, heads of 64 and a CPU with "
                          "AMX that Linux lets this process use")

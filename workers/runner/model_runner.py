@@ -88,7 +88,7 @@ class RunnerConfig:
     max_lora_rank: int = 16
     attention_backend: str = "auto"
     linear_backend: str = "auto"
-    prefill_attention: str = "auto"  # auto | amx | vec | flash | masked (prompt chunks)
+    prefill_attention: str = "auto"  # auto | amx | vec | flash | masked | causal (prompt chunks)
     elementwise: str = "auto"  # auto | torch | cpu (workers/runner/cpu_fused.py)
     draft_model: Path | None = None  # speculative decoding's draft (same vocabulary)
     quantization: str = "none"  # none | int8 (weights; workers/runner/quantization.py)

@@ -69,9 +69,9 @@ def test_triton_on_cpu_needs_the_interpreter(monkeypatch):
         pick_attention_backend("triton", CPU, 16, 64)
 
 
-def test_prefill_attention_is_flash_on_cpu_and_masked_elsewhere():
+def test_prefill_attention_is_flash_on_cpu_and_causal_on_cuda():
     assert pick_prefill_attention("auto", CPU) == "flash"  # float32 stays on the flash split
-    assert pick_prefill_attention("auto", CUDA) == "masked"
+    assert pick_prefill_attention("auto", CUDA) == "causal"
     assert pick_prefill_attention("masked", CPU) == "masked"
     assert pick_prefill_attention("flash", CPU) == "flash"
 
@@ -100,7 +100,7 @@ def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_where_amx_runs(monkey
     assert pick_prefill_attention("auto", CPU, **bf16) == ("amx" if amx else "flash")
     assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16, head_dim=128) == "flash"
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "flash"
-    assert pick_prefill_attention("auto", CUDA, **bf16) == "masked"
+    assert pick_prefill_attention("auto", CUDA, **bf16) == "causal"
     if amx:
         assert pick_prefill_attention("amx", CPU, **bf16) == "amx"
     with pytest.raises(ValueError, match="prefill_attention 'amx' needs bfloat16"):
@@ -121,7 +121,7 @@ def test_prefill_attention_is_vec_where_it_runs_and_amx_does_not(monkeypatch, am
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=96) == "flash"
     assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16,
                                   head_dim=64) == ("amx" if amx else "flash")
-    assert pick_prefill_attention("auto", CUDA, dtype=torch.float32, head_dim=64) == "masked"
+    assert pick_prefill_attention("auto", CUDA, dtype=torch.float32, head_dim=64) == "causal"
     assert pick_prefill_attention("vec", CPU, dtype=torch.float32, head_dim=64) == "vec"
     with pytest.raises(ValueError, match="prefill_attention 'vec' needs heads of 64 or 128"):
         pick_prefill_attention("vec", CPU, dtype=torch.bfloat16, head_dim=64)

@@ -1,5 +1,6 @@
-"""The CPU prefill kernels through the whole engine: each gives HF's greedy tokens where
-chunks attend to cached context (a small step budget, prefix-cache hits)."""
+"""The prefill kernels through the whole engine: each gives HF's greedy tokens where chunks
+attend to cached context (a small step budget, prefix-cache hits); and `causal`, CUDA's
+default, against the reference attention."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from tests.conftest import build_tiny_llama
 from tests.workers.hf_reference import hf_greedy, hf_model
 from workers import LLM, SamplingParams
 from workers.runner import cpu_amx, vec_prefill
+from workers.runner.attention import build_metadata, paged_attention, reference_attention, write_kv
+
+CPU = torch.device("cpu")
 
 MAX_NEW = 12
 
@@ -26,7 +30,7 @@ def prompts_and_reference(tiny_llama_path):
     return prompts, [hf_greedy(model, p, MAX_NEW, eos=False) for p in prompts]
 
 
-@pytest.mark.parametrize("kernel", ["flash", "masked"])
+@pytest.mark.parametrize("kernel", ["flash", "masked", "causal"])
 def test_chunks_after_cached_context_match_hf(tiny_llama_path, prompts_and_reference, kernel):
     prompts, expected = prompts_and_reference
     llm = LLM(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20,
@@ -42,6 +46,85 @@ def test_chunks_after_cached_context_match_hf(tiny_llama_path, prompts_and_refer
 def test_auto_picks_the_flash_split_on_cpu(tiny_llama_path):
     llm = LLM(str(tiny_llama_path), device="cpu", kv_cache_memory=8 << 20)
     assert llm.engine.runner.prefill_attention == "flash"
+
+
+BLOCK = 4
+
+
+def _causal_case(seqs, num_heads, num_kv_heads, device, dtype, head_dim=8):
+    """A batch of decode rows and chunks (start, q_len) over a shuffled pool, written; the
+    float64 reference of what each query sees."""
+    g = torch.Generator().manual_seed(0)
+    blocks = 256
+    k_cache = torch.randn(blocks, num_kv_heads, BLOCK, head_dim, generator=g)
+    v_cache = torch.randn(blocks, num_kv_heads, BLOCK, head_dim, generator=g)
+    free = torch.randperm(blocks, generator=g).tolist()
+    batch = [(start, q_len, [free.pop() for _ in range(-(-(start + q_len) // BLOCK))])
+             for start, q_len in seqs]
+    tokens = sum(q_len for _, q_len, _ in batch)
+    q = torch.randn(tokens, num_heads, head_dim, generator=g)
+    k = torch.randn(tokens, num_kv_heads, head_dim, generator=g)
+    v = torch.randn(tokens, num_kv_heads, head_dim, generator=g)
+    meta = build_metadata(batch, BLOCK, num_kv_heads, 1, CPU)
+    write_kv(k_cache, v_cache, k, v, meta.write_rows)
+    rows, q_start = [], 0
+    for start, q_len, table in batch:
+        rows.append((q_start, q_len, start, table))
+        q_start += q_len
+    refs = {w: reference_attention(q, k_cache, v_cache, rows, BLOCK, head_dim**-0.5, window=w)
+            for w in (None, 5)}
+    moved = [t.to(device, dtype) for t in (q, k, v, k_cache, v_cache)]
+    return moved, batch, refs
+
+
+CAUSAL_BATCH = [(7, 1), (22, 1), (9, 6), (0, 5), (13, 11), (3, 30)]
+
+
+def _causal_run(seqs, num_heads, num_kv_heads, device, dtype, window):
+    (q, k, v, k_cache, v_cache), batch, refs = _causal_case(seqs, num_heads, num_kv_heads,
+                                                            device, dtype)
+    meta = build_metadata(batch, BLOCK, num_kv_heads, num_heads // num_kv_heads, device, dtype,
+                          prefill_kernel="causal")
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK, window=window)
+    return out.float().cpu(), meta, refs[window]
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (3, 3), (8, 1)])
+def test_causal_prefill_equals_the_reference_without_a_mask(num_heads, num_kv_heads):
+    """`causal` (CUDA's default prefill kernel): chunks after cached context, in contexts off
+    block boundaries, beside chunks at 0 and decode rows; grouped heads 3, 1 and 8. No chunk
+    carries a mask; a layer whose window binds takes `masked` and its masks."""
+    out, meta, ref = _causal_run(CAUSAL_BATCH, num_heads, num_kv_heads, CPU, torch.float32,
+                                 None)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    assert meta.prefill_kernel == "causal" and all(c.mask is None for c in meta.prefills)
+    out, meta, ref = _causal_run(CAUSAL_BATCH, num_heads, num_kv_heads, CPU, torch.float32, 5)
+    torch.testing.assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
+    windowed = next(iter(meta.variants.values()))
+    assert windowed.prefill_kernel == "masked"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_causal_prefill_on_cuda_close_to_the_reference(dtype):
+    """On a GPU, where SDPA serves the causal bias with a fused kernel (flash for bfloat16,
+    memory-efficient for float32)."""
+    out, _, ref = _causal_run(CAUSAL_BATCH, 6, 2, torch.device("cuda"), dtype, None)
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(out, ref.float(), rtol=tol, atol=tol)
+
+
+def test_auto_picks_causal_on_cuda_and_masked_elsewhere_without_flash(monkeypatch):
+    from workers.runner import amx_prefill, flash_prefill
+    from workers.runner.attention_backend import pick_prefill_attention
+
+    monkeypatch.setattr(amx_prefill, "fits", lambda *a, **k: False)
+    monkeypatch.setattr(vec_prefill, "preferred", lambda *a, **k: False)
+    assert pick_prefill_attention("auto", torch.device("cuda")) == "causal"
+    monkeypatch.setattr(flash_prefill, "fits", lambda device: False)
+    assert pick_prefill_attention("auto", CPU) == "masked"
+    assert pick_prefill_attention("causal", CPU) == "causal"
 
 
 def heads64(tmp_path, tokenizer):
