@@ -64,3 +64,15 @@ def build_tiny_llama(folder: Path, tokenizer, **overrides) -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_path(tmp_path_factory, tokenizer) -> Path:
     return build_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a CUDA device, every test marked `cuda` is skipped with one reason."""
+    from tests.devices import HAS_CUDA, NO_CUDA
+
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason=NO_CUDA)
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

@@ -6,14 +6,16 @@ import asyncio
 
 import pytest
 
+from tests.devices import DEVICES
 from tests.workers.test_llm_tiny import random_prompts
 from workers import AsyncLLMEngine, EngineOverloadedError, LLMEngine, SamplingParams
 
 
-@pytest.fixture
-async def engine(tiny_llama_path):
+@pytest.fixture(params=DEVICES)
+async def engine(request, tiny_llama_path):
+    """On the CPU, and on CUDA in the engine's default there (bfloat16)."""
     core = LLMEngine.from_args(model=str(tiny_llama_path), kv_cache_memory=8 << 20,
-                               max_waiting=4)
+                               max_waiting=4, device=request.param)
     engine = AsyncLLMEngine.from_engine(core)
     await engine.start()
     yield engine

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.devices import DEVICES, exact
 from tests.workers.hf_reference import hf_greedy
 from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter, peft_model
 from workers import LLM, SamplingParams
@@ -60,16 +61,19 @@ def reference(tiny_llama_path, adapters) -> dict[tuple[str | None, int], list[in
     return refs
 
 
-def lora_llm(path: Path, adapters: list[Path], **kwargs) -> LLM:
-    args = dict(kv_cache_memory=8 << 20, enable_lora=True, max_loras=8, max_lora_rank=16)
+def lora_llm(path: Path, adapters: list[Path], device: str = "cpu", **kwargs) -> LLM:
+    """float32 on either device: outputs are compared with peft's float32 greedy tokens."""
+    args = dict(kv_cache_memory=8 << 20, enable_lora=True, max_loras=8, max_lora_rank=16,
+                **exact(device))
     llm = LLM(str(path), **(args | kwargs))
     for i, adapter in enumerate(adapters):
         llm.add_lora(f"a{i}", str(adapter))
     return llm
 
 
-def test_each_adapter_alone_equals_peft(tiny_llama_path, adapters, reference):
-    llm = lora_llm(tiny_llama_path, adapters)
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_adapter_alone_equals_peft(tiny_llama_path, adapters, reference, device):
+    llm = lora_llm(tiny_llama_path, adapters, device)
     for name in [None] + [f"a{i}" for i in range(len(adapters))]:
         for j, prompt in enumerate(prompts(3, seed=7)):
             out = llm.generate(prompt, PARAMS, lora=name)[0]
@@ -79,9 +83,10 @@ def test_each_adapter_alone_equals_peft(tiny_llama_path, adapters, reference):
     assert differs >= len(SPECS) - 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_mixed_batch_of_eight_adapters_and_base_equals_each_alone(
-        tiny_llama_path, adapters, reference):
-    llm = lora_llm(tiny_llama_path, adapters)
+        tiny_llama_path, adapters, reference, device):
+    llm = lora_llm(tiny_llama_path, adapters, device)
     names = [None] + [f"a{i}" for i in range(len(adapters))]
     jobs = [(name, j) for j in range(3) for name in names]
     random.Random(3).shuffle(jobs)
@@ -93,8 +98,10 @@ def test_mixed_batch_of_eight_adapters_and_base_equals_each_alone(
     assert stats["num_loras_on_device"] == 8 and stats["lora_device_evictions"] == 0
 
 
-def test_eviction_and_reload_under_pressure_keep_outputs(tiny_llama_path, adapters, reference):
-    llm = lora_llm(tiny_llama_path, adapters, max_loras=2, max_cpu_loras=3)
+@pytest.mark.parametrize("device", DEVICES)
+def test_eviction_and_reload_under_pressure_keep_outputs(tiny_llama_path, adapters, reference,
+                                                         device):
+    llm = lora_llm(tiny_llama_path, adapters, device, max_loras=2, max_cpu_loras=3)
     jobs = [(f"a{i}", j) for j in range(3) for i in range(len(adapters))]
     outs = llm.generate([prompts(3, seed=7)[j] for _, j in jobs], PARAMS,
                         lora=[name for name, _ in jobs])

@@ -12,11 +12,12 @@ from collections import Counter
 
 import pytest
 
+from tests.devices import DEVICES, exact
 from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter
 from workers import LLM, SamplingParams
 from workers.engine.sampling_params import InvalidRequestError
 
-CPU32 = {"device": "cpu", "dtype": "float32"}
+CPU32 = exact("cpu")
 ALPHABET = [1000, 2000, 3000, 4000]
 NGRAM = {"method": "ngram", "num_tokens": 4}
 
@@ -59,11 +60,15 @@ def expected(tiny_llama_path) -> list[list[int]]:
     return run(tiny_llama_path, prompts(10), params())[0]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("regime", REGIMES)
 def test_greedy_tokens_are_identical_with_proposals_kept_and_rejected(
-        tiny_llama_path, expected, regime):
+        tiny_llama_path, expected, regime, device):
+    """On CUDA too (float32, so the CPU's plain tokens are the reference): proposals are
+    scored by the Triton kernel (or the torch path) in the same flattened batch."""
     batch = prompts(10)
-    got, llm = run(tiny_llama_path, batch, params(), speculative=NGRAM, **REGIMES[regime])
+    got, llm = run(tiny_llama_path, batch, params(), speculative=NGRAM, **exact(device),
+                   **REGIMES[regime])
     assert got == expected
     stats = llm.engine.stats()
     assert 0 < stats["spec_accepted_tokens"] < stats["spec_proposed_tokens"]

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.devices import DEVICES, exact
 from tests.workers.lora.helpers import make_peft_adapter
 from tests.workers.test_llm_tiny import random_prompts
 from workers import LLM, InvalidRequestError, SamplingParams
@@ -39,9 +40,11 @@ PERSON = {
 SELF = {"type": "object", "properties": {"n": {"$ref": "#"}}, "required": ["n"]}  # issue 40
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_llama_path):
-    return LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, max_num_seqs=32)
+@pytest.fixture(scope="module", params=DEVICES)
+def llm(request, tiny_llama_path):
+    """On the CPU, and on CUDA where the masks are applied to the device's logits."""
+    return LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, max_num_seqs=32,
+               **exact(request.param))
 
 
 def json_params(schema: dict, **kwargs) -> SamplingParams:
@@ -208,15 +211,16 @@ def test_logit_bias_forces_and_bans_tokens(llm):
     assert info.value.param == "logit_bias"
 
 
-def test_matchers_survive_preemption(tiny_llama_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_matchers_survive_preemption(tiny_llama_path, device):
     prompts = random_prompts(6, seed=7, lo=20, hi=60)
     params = [json_params(PERSON, max_tokens=100),
               json_params(PERSON, temperature=1.0, seed=9, n=2, max_tokens=100)] * 3
-    roomy = LLM(str(tiny_llama_path), kv_cache_memory=16 << 20)
+    roomy = LLM(str(tiny_llama_path), kv_cache_memory=16 << 20, **exact(device))
     expected = roomy.generate(prompts, params)
-    # 12 blocks of 16 tokens: far less than 9 sequences of up to ~100 tokens need at once
+    # 12 blocks of 16 float32 tokens: far less than 9 sequences of up to ~100 tokens need
     tight = LLM(str(tiny_llama_path), block_size=16,
-                kv_cache_memory=12 * 16 * 2 * 3 * 2 * 16 * 4)
+                kv_cache_memory=12 * 16 * 2 * 3 * 2 * 16 * 4, **exact(device))
     outputs = tight.generate(prompts, params)
     assert tight.engine.scheduler.num_preemptions > 0
     assert [[s.token_ids for s in o.outputs] for o in outputs] == \
@@ -240,8 +244,9 @@ def test_constrained_rows_with_a_lora_adapter(tiny_llama_path, tmp_path):
         assert_valid(output, PERSON)
 
 
-async def test_async_engine_serves_structured_requests(tiny_llama_path):
-    engine = AsyncLLMEngine(str(tiny_llama_path), device="cpu", kv_cache_memory=16 << 20)
+@pytest.mark.parametrize("device", DEVICES)
+async def test_async_engine_serves_structured_requests(tiny_llama_path, device):
+    engine = AsyncLLMEngine(str(tiny_llama_path), device=device, kv_cache_memory=16 << 20)
     await engine.start()
     try:
         prepared = engine._require_engine().prepare_request("hello", json_params(PERSON))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.devices import TRITON_DEVICES, on_cuda
 from workers.runner.attention import (
     GatherWorkspace,
     build_metadata,
@@ -54,20 +55,25 @@ def run(q, k, v, k_cache, v_cache, batch, group, device=CPU, backend="torch"):
     return paged_attention(q, k, v, k_cache, v_cache, meta, 8**-0.5, BLOCK)
 
 
-BACKENDS = ["torch", "triton", "cpu"]
-# Triton runs on the GPU where there is one, else in its interpreter on CPU tensors; the C
-# kernel ("cpu") runs on CPU tensors.
-KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+# (backend, device): the torch path and the C kernel ("cpu") on CPU tensors; Triton in its
+# interpreter on CPU tensors where there is no GPU, else on CUDA; the torch path on CUDA too.
+BACKENDS = [
+    pytest.param("torch", "cpu", id="torch"),
+    pytest.param("cpu", "cpu", id="cpu"),
+    *(pytest.param("triton", *p.values, id=f"triton-{p.id}", marks=p.marks)
+      for p in TRITON_DEVICES),
+    on_cuda("torch", "cuda", id="torch-cuda"),
+]
 
 
-def on_backend_device(backend, q, k, v, k_cache, v_cache, batch, group):
+def on_backend_device(backend, device, q, k, v, k_cache, v_cache, batch, group):
     """Run `run` where the backend runs (float32 either way) and bring the result back."""
-    device = KERNEL_DEVICE if backend == "triton" else CPU
+    device = torch.device(device)
     tensors = (t.to(device) for t in (q, k, v, k_cache, v_cache))
     return run(*tensors, batch, group, device, backend=backend).cpu()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "device"), BACKENDS)
 @pytest.mark.parametrize(
     "seqs",
     [
@@ -78,9 +84,9 @@ def on_backend_device(backend, q, k, v, k_cache, v_cache, batch, group):
         pytest.param([(200, 1), (0, 1), (63, 1), (64, 1), (3, 6)], id="long-and-tile-edges"),
     ],
 )
-def test_batched_attention_equals_reference(seqs, backend):
+def test_batched_attention_equals_reference(seqs, backend, device):
     q, k, v, k_cache, v_cache, batch, group = build(seqs)
-    out = on_backend_device(backend, q, k, v, k_cache, v_cache, batch, group)
+    out = on_backend_device(backend, device, q, k, v, k_cache, v_cache, batch, group)
     meta = build_metadata(batch, BLOCK, k_cache.shape[1], group, CPU)
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
@@ -132,11 +138,11 @@ def test_decode_kernel_gets_one_padded_int32_table():
     assert [(p.q_start, p.q_len) for p in meta.prefills] == [(2, 3)]
 
 
-@pytest.mark.parametrize("backend", ["triton", "cpu"])
-def test_decode_kernel_head_dim_and_group_need_no_power_of_two(backend):
+@pytest.mark.parametrize(("backend", "device"), [p for p in BACKENDS if p.values[0] != "torch"])
+def test_decode_kernel_head_dim_and_group_need_no_power_of_two(backend, device):
     q, k, v, k_cache, v_cache, batch, _ = build(
         [(i * 7 % 50, 1) for i in range(6)], num_heads=6, num_kv_heads=1, head_dim=24)
-    out = on_backend_device(backend, q, k, v, k_cache, v_cache, batch, 6)
+    out = on_backend_device(backend, device, q, k, v, k_cache, v_cache, batch, 6)
     meta = build_metadata(batch, BLOCK, k_cache.shape[1], 6, CPU)
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 8**-0.5)
@@ -158,7 +164,6 @@ def test_kv_written_at_the_slot_of_each_position():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_cuda_bfloat16_attention_close_to_reference(backend):
     q, k, v, k_cache, v_cache, batch, group = build([(12, 1), (40, 1), (0, 7), (6, 5)])
@@ -236,3 +241,46 @@ def test_flash_prefill_of_a_long_context_stays_exact():
     write_kv(k_cache, v_cache, k, v, meta.write_rows)
     ref = reference_attention(q, k_cache, v_cache, layout(batch), BLOCK, 16**-0.5)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def cuda_prefill_kernels(dtype: torch.dtype, head_dim: int) -> list[str]:
+    """Every prefill kernel the runner accepts on CUDA (`masked` today; a fused one when the
+    runner gains it)."""
+    from workers.runner.attention import PREFILL_KERNELS
+    from workers.runner.attention_backend import pick_prefill_attention
+
+    kernels = []
+    for name in PREFILL_KERNELS:
+        try:
+            pick_prefill_attention(name, torch.device("cuda"), dtype=dtype, head_dim=head_dim)
+        except ValueError:
+            continue
+        kernels.append(name)
+    return kernels
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("seqs", [*PREFILL_BATCHES, pytest.param([(0, 40), (0, 3)],
+                                                                 id="fresh-prompts")])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(6, 2), (3, 3), (8, 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_on_cuda_equals_reference(seqs, num_heads, num_kv_heads, dtype):
+    """Prompt chunks at 0 and after cached context on CUDA, through each prefill kernel the
+    runner can pick there, with decode rows in the batch on the Triton kernel."""
+    cuda = torch.device("cuda")
+    q, k, v, k_cache, v_cache, batch, group = build(seqs, num_heads, num_kv_heads)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    meta = build_metadata(batch, BLOCK, num_kv_heads, group, CPU)
+    write_kv(ref_k, ref_v, k, v, meta.write_rows)
+    ref = reference_attention(q, ref_k, ref_v, layout(batch), BLOCK, 8**-0.5)
+    kernels = cuda_prefill_kernels(dtype, 8)
+    assert "masked" in kernels
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for kernel in kernels:
+        qd, kd, vd, kc, vc = (t.to(cuda, dtype) for t in (q, k, v, k_cache, v_cache))
+        meta = build_metadata(batch, BLOCK, num_kv_heads, group, cuda, dtype,
+                              decode_kernel="triton", prefill_kernel=kernel)
+        write_kv(kc, vc, kd, vd, meta.write_rows)
+        out = paged_attention(qd, kd, vd, kc, vc, meta, 8**-0.5, BLOCK)
+        assert out.dtype == dtype and out.device.type == "cuda"
+        torch.testing.assert_close(out.float().cpu(), ref, rtol=tol, atol=tol, msg=kernel)

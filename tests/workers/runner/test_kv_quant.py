@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.workers.runner.test_attention import BLOCK, KERNEL_DEVICE, build, layout
+from tests.devices import DEVICES, TRITON_DEVICES, exact, on_cuda
+from tests.workers.runner.test_attention import BLOCK, build, layout
 from workers.runner.attention import (
     build_metadata,
     paged_attention,
@@ -64,17 +65,27 @@ SEQS = [
 ]
 
 
+# (decode, prefill, device): Triton in its interpreter on CPU tensors where there is no GPU,
+# else on CUDA; the torch path on CUDA too
+INT8_PATHS = [
+    pytest.param("torch", "masked", "cpu", id="torch-masked"),
+    pytest.param("cpu", "flash", "cpu", id="cpu-flash"),
+    pytest.param("torch", "flash", "cpu", id="torch-flash"),
+    *(pytest.param("triton", "masked", *p.values, id=f"triton-masked-{p.id}", marks=p.marks)
+      for p in TRITON_DEVICES),
+    on_cuda("torch", "masked", "cuda", id="torch-masked-cuda"),
+]
+
+
 @pytest.mark.parametrize("seqs", SEQS)
-@pytest.mark.parametrize(("decode", "prefill"), [("torch", "masked"), ("cpu", "flash"),
-                                                 ("torch", "flash"), ("triton", "masked")])
-def test_int8_pool_attends_like_the_float_pool_it_holds(seqs, decode, prefill):
-    """Triton runs on the GPU where there is one, else in its interpreter on CPU tensors."""
+@pytest.mark.parametrize(("decode", "prefill", "device"), INT8_PATHS)
+def test_int8_pool_attends_like_the_float_pool_it_holds(seqs, decode, prefill, device):
     q, k, v, k_cache, v_cache, batch, group = build(seqs, head_dim=16)
     # This step's K/V on the int8 grid: the fresh chunk's own attention (which reads them
     # unquantized) and the reference (which reads the pool) see the same numbers.
     k, v = on_grid(k), on_grid(v)
     k8, v8 = int8_pools(k_cache, v_cache)
-    device = KERNEL_DEVICE if decode == "triton" else CPU
+    device = torch.device(device)
     q, k, v, k8, v8 = (t.to(device) for t in (q, k, v, k8, v8))
     meta = build_metadata(batch, BLOCK, k8.shape[1], group, device, q.dtype,
                           decode_kernel=None if decode == "torch" else decode,
@@ -118,8 +129,11 @@ def test_kv_cache_dtype_choices():
         check_kv_cache_dtype("int8", 30)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_engine_on_an_int8_pool_same_tokens_from_the_kernel_and_the_torch_path(
-        tiny_llama_path):
+        tiny_llama_path, device):
+    """The in-place kernel of the device (the C kernel on CPU, Triton on CUDA) and the torch
+    path read the same int8 pool to the same tokens, in float32."""
     from workers import LLM, SamplingParams
 
     gen = torch.Generator().manual_seed(5)
@@ -129,12 +143,15 @@ def test_engine_on_an_int8_pool_same_tokens_from_the_kernel_and_the_torch_path(
                torch.randint(3, 2000, (70,), generator=gen).tolist()]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = {}
-    for backend in ("cpu", "torch"):
+    kernel = "cpu" if device == "cpu" else "triton"
+    for backend in (kernel, "torch"):
         llm = LLM(str(tiny_llama_path), kv_cache_memory=4 << 20, kv_cache_dtype="int8",
-                  attention_backend=backend, block_size=8)
+                  attention_backend=backend, block_size=8, **exact(device))
+        assert llm.engine.runner.attention_backend == backend
         assert llm.engine.runner.kv_caches[0][0].dtype == torch.int8
+        assert llm.engine.runner.kv_caches[0][0].device.type == device
         outs[backend] = [o.token_ids for o in llm.generate(prompts, params)]
-    assert outs["cpu"] == outs["torch"]
+    assert outs[kernel] == outs["torch"]
 
 
 @pytest.mark.parametrize("head_dim", [64, 80, 24])  # whole 64-wide groups, a 16 tail, no AVX

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.devices import DEVICES, exact
 from tests.workers.lora.helpers import ALL_MODULES, make_peft_adapter
 from workers import LLM, SamplingParams
 from workers.runner import quantization
@@ -58,6 +59,25 @@ def test_int8_linear_is_the_dequantized_product(monkeypatch, tile_bytes, rows, b
     if onednn_available():
         torch.testing.assert_close(int8_linear(x, q, scale, b, onednn_linear), expected,
                                    rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_int8_linear_on_cuda_is_the_dequantized_product(rows, dtype):
+    """On CUDA the int8 weight is cast whole to the activations' dtype for one matmul, then
+    scaled in float32."""
+    cuda = torch.device("cuda")
+    gen = torch.Generator().manual_seed(rows)
+    q, scale = quantize_per_channel(torch.randn(200, 40, generator=gen))
+    x = torch.randn(rows, 40, generator=gen)
+    b = torch.randn(200, generator=gen)
+    expected = F.linear(x.to(dtype).float(), q.float() * scale[:, None], b)
+    got = int8_linear(x.to(cuda, dtype), q.to(cuda), scale.to(cuda), b.to(cuda, dtype))
+    assert got.dtype == dtype and got.device.type == "cuda"
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2e-2,
+                                                                       "atol": 5e-2}
+    torch.testing.assert_close(got.float().cpu(), expected, **tol)
 
 
 def test_half_precision_output_is_scaled_in_float32():
@@ -206,11 +226,13 @@ def prompts() -> list[list[int]]:
     return [torch.randint(3, 2000, (n,), generator=gen).tolist() for n in (5, 17, 40, 9)]
 
 
-def test_int8_engine_equals_float_on_grid_weights(grid_llama):
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_engine_equals_float_on_grid_weights(grid_llama, device):
     """With float32 matmuls (`int8_compute: model`) int8 weights on the grid are exact."""
-    float_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20)
+    float_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, **exact(device))
     int8_llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, quantization="int8",
-                   int8_compute="model")
+                   int8_compute="model", **exact(device))
+    assert any(isinstance(m, Int8Linear) for m in int8_llm.engine.runner.model.modules())
     expected = [o.token_ids for o in float_llm.generate(prompts(), PARAMS)]
     assert [o.token_ids for o in int8_llm.generate(prompts(), PARAMS)] == expected
 
@@ -234,13 +256,14 @@ def test_int8_engine_in_bfloat16_matmuls(grid_llama):
     assert len(llm.generate(prompts(), PARAMS)[0].token_ids) == PARAMS.max_tokens
 
 
-def test_int8_engine_with_lora_rows_equals_float(grid_llama, tmp_path):
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_engine_with_lora_rows_equals_float(grid_llama, tmp_path, device):
     adapter = make_peft_adapter(grid_llama, tmp_path / "lora", seed=1, r=8,
                                 target_modules=ALL_MODULES)
     outs = []
     for quant in ("none", "int8"):
         llm = LLM(str(grid_llama), kv_cache_memory=8 << 20, enable_lora=True,
-                  quantization=quant, int8_compute="model")
+                  quantization=quant, int8_compute="model", **exact(device))
         llm.add_lora("a", str(adapter))
         mixed = llm.generate(prompts(), PARAMS, lora=["a", None, "a", None])
         outs.append([o.token_ids for o in mixed])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.devices import DEVICES, TRITON_DEVICES, on_cuda
 from workers.runner.attention import (
     build_metadata,
     first_visible,
@@ -79,22 +80,25 @@ def test_first_visible_matches_transformers_sliding_window():
     assert first_visible(2, None) == 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("window", [1, 5, 8, 12, 100])
-def test_torch_paths_honour_the_window(window):
+def test_torch_paths_honour_the_window(window, device):
     """Decode groups and masked chunks, with GQA groups of 3, 1 and 8 and blocks of 4, 16."""
     for block, (num_heads, num_kv_heads) in [(4, (6, 2)), (16, (4, 4)), (4, (8, 1))]:
         tensors, batch = build(DECODES + CHUNKS, num_heads=num_heads,
                                num_kv_heads=num_kv_heads, block=block)
-        out, ref = run(tensors, batch, block=block, window=window)
+        out, ref = run(tensors, batch, block=block, window=window, device=torch.device(device))
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("window", [None, 8])
-def test_torch_paths_soft_cap(window):
+def test_torch_paths_soft_cap(window, device):
+    device = torch.device(device)
     tensors, batch = build(DECODES + CHUNKS)
-    out, ref = run(tensors, batch, window=window, softcap=3.0)
+    out, ref = run(tensors, batch, window=window, softcap=3.0, device=device)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    plain, _ = run(tensors, batch, window=window)
+    plain, _ = run(tensors, batch, window=window, device=device)
     assert not torch.allclose(out, plain, atol=1e-3)  # the cap did something
 
 
@@ -166,10 +170,11 @@ def test_cpu_decode_kernel_window_and_softcap_on_every_build_and_pool(pool):
                     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize(("window", "softcap"), [(5, None), (8, 2.5)])
-def test_triton_decode_kernel_honours_window_and_softcap(window, softcap):
+def test_triton_decode_kernel_honours_window_and_softcap(window, softcap, device):
     """In Triton's interpreter on CPU (tiny: it is slow), on the GPU where there is one."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
     tensors, batch = build(DECODES, num_heads=4, num_kv_heads=2, head_dim=16, block=4)
     out, ref = run(tensors, batch, window=window, softcap=softcap, decode="triton",
                    device=device)
@@ -239,10 +244,16 @@ def test_flash_split_with_a_window(dtype):
         torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize(("decode", "prefill"), [("torch", "masked"), ("cpu", "flash"),
-                                                 ("cpu", "vec"), ("cpu", "amx"),
-                                                 ("triton", "masked")])
-def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
+@pytest.mark.parametrize(("decode", "prefill", "device"), [
+    pytest.param("torch", "masked", "cpu", id="torch-masked"),
+    pytest.param("cpu", "flash", "cpu", id="cpu-flash"),
+    pytest.param("cpu", "vec", "cpu", id="cpu-vec"),
+    pytest.param("cpu", "amx", "cpu", id="cpu-amx"),
+    *(pytest.param("triton", "masked", *p.values, id=f"triton-masked-{p.id}", marks=p.marks)
+      for p in TRITON_DEVICES),
+    on_cuda("torch", "masked", "cuda", id="torch-masked-cuda"),
+])
+def test_blocks_wholly_before_the_window_are_never_read(decode, prefill, device):
     """Those blocks are filled with NaN after the reference is taken, and their table entries
     are `RELEASED` (-1), as the block manager leaves them when it gives them back: any read
     of them (even at weight 0) would show in the output, or fail."""
@@ -253,7 +264,7 @@ def test_blocks_wholly_before_the_window_are_never_read(decode, prefill):
     window, block = 6, 4
     seqs = [(s, n) for s, n in DECODES + CHUNKS if decode != "triton" or n == 1]
     tensors, batch = build(seqs, head_dim=head_dim, block=block, dtype=dtype)
-    device = torch.device("cuda" if decode == "triton" and torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
     q, k, v, k_cache, v_cache = (t.to(device) for t in tensors)
     released = [(start, n, [RELEASED if i < first_visible(start, window) // block else b
                             for i, b in enumerate(table)]) for start, n, table in batch]

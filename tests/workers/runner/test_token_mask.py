@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from tests.devices import DEVICES
 from workers.engine.sampling_params import SamplingParams
 from workers.engine.structured import StructuredOutputs
 from workers.runner import token_mask
@@ -22,14 +24,16 @@ def bits(allowed: list[set[int]]) -> torch.Tensor:
     return mask
 
 
-def row(params: SamplingParams, n: int = 1, seed: int | None = None) -> SamplingRow:
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+def row(params: SamplingParams, n: int = 1, seed: int | None = None,
+        device: str = "cpu") -> SamplingRow:
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     return SamplingRow(params, n, generator, [], [], 0)
 
 
-def test_unpack_reads_bit_i_of_word_j_as_token_32j_plus_i():
+@pytest.mark.parametrize("device", DEVICES)
+def test_unpack_reads_bit_i_of_word_j_as_token_32j_plus_i(device):
     allowed = [{0, 31, 32, 63, 69}, set(range(VOCAB))]
-    unpacked = token_mask.unpack(bits(allowed), VOCAB)
+    unpacked = token_mask.unpack(bits(allowed).to(device), VOCAB).cpu()
     assert unpacked.shape == (2, VOCAB)
     assert set(torch.nonzero(unpacked[0]).flatten().tolist()) == allowed[0]
     assert bool(unpacked[1].all())
@@ -49,16 +53,19 @@ def test_fill_asks_each_matcher_for_its_row():
     assert torch.equal(mask.bitmask, bits([{3}, {4, 5}]))
 
 
-def test_greedy_and_sampled_rows_only_pick_allowed_tokens():
+@pytest.mark.parametrize("device", DEVICES)
+def test_greedy_and_sampled_rows_only_pick_allowed_tokens(device):
+    """On CUDA the mask is applied to the device's logits, sampled with its generator."""
     structured = StructuredOutputs(regex="x")
     greedy = SamplingParams(temperature=0, structured=structured)
     hot = SamplingParams(temperature=5.0, structured=structured)
     free = SamplingParams(temperature=0)
-    logits = torch.randn(3, VOCAB)
+    logits = torch.randn(3, VOCAB, device=device)
     logits[:, 10] = 50.0  # the best token everywhere, disallowed in the constrained rows
-    mask = TokenMask([0, 2], bits([{40, 41}, {3, 60, 65}]))
+    mask = TokenMask([0, 2], bits([{40, 41}, {3, 60, 65}]).to(device))
     for seed in range(20):
-        out = sample(logits.clone(), [row(greedy), row(free), row(hot, seed=seed)], [], mask)
+        rows = [row(greedy), row(free), row(hot, seed=seed, device=device)]
+        out = sample(logits.clone(), rows, [], mask)
         assert out[0].token_ids[0] in {40, 41}
         assert out[1].token_ids == [10]  # the unconstrained row is untouched
         assert out[2].token_ids[0] in {3, 60, 65}
@@ -89,9 +96,12 @@ def test_logit_bias_forces_and_bans_tokens():
     assert [o.token_ids for o in out] == [[3], [1]]
 
 
-def test_ids_past_the_mask_width_are_disallowed():
-    logits = torch.zeros(1, 100)
+@pytest.mark.parametrize("device", DEVICES)
+def test_ids_past_the_mask_width_are_disallowed(device):
+    logits = torch.zeros(1, 100, device=device)
     logits[0, 90] = 10.0  # a padded vocabulary id the tokenizer (and the grammar) never made
-    mask = torch.full((1, 2), -1, dtype=torch.int32)  # all 64 ids the grammar knows allowed
+    # all 64 ids the grammar knows allowed
+    mask = torch.full((1, 2), -1, dtype=torch.int32, device=device)
     token_mask.apply(logits, [0], mask)
+    logits = logits.cpu()
     assert bool(torch.isinf(logits[0, 64:]).all()) and not bool(torch.isinf(logits[0, :64]).any())

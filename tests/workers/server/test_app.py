@@ -9,6 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from tests.devices import DEVICES, exact
 from tests.workers.lora.helpers import make_peft_adapter
 from workers import LLM, SamplingParams
 from workers.async_engine import AsyncLLMEngine
@@ -20,8 +21,15 @@ MODEL = "tiny"
 PROMPT = [5, 17, 301, 44, 9, 1200, 77]
 
 
-def engine_args(**extra):
-    return dict(kv_cache_memory=8 << 20, enable_lora=True, max_loras=2, max_lora_rank=16) | extra
+def engine_args(device: str = "cpu", **extra):
+    return dict(kv_cache_memory=8 << 20, enable_lora=True, max_loras=2, max_lora_rank=16,
+                **exact(device)) | extra
+
+
+@pytest.fixture(scope="module", params=DEVICES)
+def device(request) -> str:
+    """The worker's engine on the CPU, and on CUDA: the API end to end on either."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +38,9 @@ def adapter(tmp_path_factory, tiny_llama_path):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_llama_path, adapter):
-    """Greedy texts from the offline engine: base and with the adapter."""
-    llm = LLM(str(tiny_llama_path), **engine_args())
+def expected(tiny_llama_path, adapter, device):
+    """Greedy texts from the offline engine on the same device: base and with the adapter."""
+    llm = LLM(str(tiny_llama_path), **engine_args(device))
     llm.add_lora("a", str(adapter))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     base = llm.generate([PROMPT], params)[0].text
@@ -42,8 +50,8 @@ def expected(tiny_llama_path, adapter):
 
 
 @pytest.fixture
-def client(tiny_llama_path):
-    engine = AsyncLLMEngine(str(tiny_llama_path), **engine_args())
+def client(tiny_llama_path, device):
+    engine = AsyncLLMEngine(str(tiny_llama_path), **engine_args(device))
     app = create_app(engine, WorkerOptions(model_name=MODEL, secret=SECRET, worker_id="w1",
                                            advertise_url="http://127.0.0.1:1"))
     with TestClient(app) as c:
