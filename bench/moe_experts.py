@@ -13,6 +13,9 @@ qwen3-moe`) at several token counts, one layer, with each way of multiplying the
 - `loop_packed`: oneDNN with each expert's weights blocked once (`linear.pack_weight`);
 - `vec`: float32 only: the experts' weights packed into 16-column blocks, all experts of a
   projection in one C call (`cpu_moe.grouped_linear`);
+- `upcast`: bfloat16 only: the experts widened once to float32 and run by `vec`, the layer's
+  input widened and its output rounded (what the `onednn_upcast` linear backend does on a CPU
+  without bfloat16 dot products);
 - `amx`, `dot`: bfloat16 only, where this CPU has AMX / AVX-512 BF16: the experts' weights
   packed into AMX's tile layout, all experts of a projection in one C call
   (`cpu_amx.grouped_linear`).
@@ -41,7 +44,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from bench.common.machine import cpu_model, simd_flags  # noqa: E402
 from workers.runner import cpu_amx, cpu_moe  # noqa: E402
-from workers.runner.linear import onednn_linear, pack_weight  # noqa: E402
+from workers.runner.linear import onednn_linear, onednn_runs, pack_weight  # noqa: E402
 from workers.runner.models.experts import grouped_mm_runs, routed_experts  # noqa: E402
 
 EXPERTS, HIDDEN, INTER, TOP_K = 64, 1024, 256, 8
@@ -59,13 +62,14 @@ def candidates(dtype: torch.dtype) -> dict[str, object]:
     down = (torch.randn(EXPERTS, HIDDEN, INTER, generator=gen) * 0.02).to(dtype)
     runs: dict[str, object] = {
         "loop": lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate),
-        "loop_onednn": lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
-                                                      linear=onednn_linear),
     }
-    packed_gu = [pack_weight(gate_up[i]) for i in range(EXPERTS)]
-    packed_d = [pack_weight(down[i]) for i in range(EXPERTS)]
-    runs["loop_packed"] = lambda x, w, e: routed_experts(x, w, e, packed_gu, packed_d, activate,
-                                                         linear=onednn_linear)
+    if onednn_runs(dtype):  # oneDNN's bfloat16 needs AVX-512 (or AVX-NE-CONVERT)
+        runs["loop_onednn"] = lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
+                                                             linear=onednn_linear)
+        packed_gu = [pack_weight(gate_up[i]) for i in range(EXPERTS)]
+        packed_d = [pack_weight(down[i]) for i in range(EXPERTS)]
+        runs["loop_packed"] = lambda x, w, e: routed_experts(x, w, e, packed_gu, packed_d,
+                                                             activate, linear=onednn_linear)
     if grouped_mm_runs("cpu", dtype):
         runs["grouped"] = lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
                                                          kernel="grouped")
@@ -73,6 +77,10 @@ def candidates(dtype: torch.dtype) -> dict[str, object]:
         vec = (cpu_moe.pack_experts(gate_up), cpu_moe.pack_experts(down))
         runs["vec"] = lambda x, w, e: routed_experts(x, w, e, gate_up, down, activate,
                                                      kernel="vec", tiles=vec)
+    if dtype == torch.bfloat16 and cpu_moe.available():  # what `onednn_upcast` runs
+        wide = (cpu_moe.pack_experts(gate_up.float()), cpu_moe.pack_experts(down.float()))
+        runs["upcast"] = lambda x, w, e: routed_experts(
+            x.float(), w.float(), e, (), (), activate, kernel="vec", tiles=wide).to(dtype)
     if dtype == torch.bfloat16:
         for kernel in cpu_amx.KERNELS:
             if cpu_amx.kernel_available(kernel):

@@ -9,12 +9,12 @@
    per expert) are bound by reading the weights once; prefill chunks (hundreds of rows per
    expert) by the multiply-adds.
 
-   Written with GCC's vector extensions: 16 floats are one AVX-512 register, or two AVX2 ones,
-   where the register tile is smaller (the build is -march=native, cbuild.py). */
+   Written with GCC's vector extensions in the CPU's own register width: one 16-float column
+   block is one AVX-512 register, or two AVX2 ones (the build is -march=native, cbuild.py). A
+   64-byte vector type on AVX2 is not split into register pairs by GCC 12: it kept the sums on
+   the stack and ran 24x slower than a plain matmul, so the type is the native width. */
 #include <stdint.h>
 #include <string.h>
-
-typedef float v16 __attribute__((vector_size(64)));
 
 /* Multiply-adds fused (one rounding, twice the throughput): ISO C mode leaves them apart. */
 #if defined(__clang__)
@@ -23,16 +23,21 @@ typedef float v16 __attribute__((vector_size(64)));
 #pragma GCC optimize("fp-contract=fast")
 #endif
 
-/* One float in all 16 lanes (a macro: a function returning v16 changes the ABI on AVX2). */
-#define SPLAT(s) ((v16){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s})
-
 #if defined(__AVX512F__)
+typedef float vf __attribute__((vector_size(64)));
+#define VW 16
 #define TILE_R 6 /* rows x column blocks of sums: 24 of the 32 zmm registers */
 #define TILE_C 4
+/* One float in every lane (a macro: a function returning a vector changes the ABI). */
+#define SPLAT(s) ((vf){s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s})
 #else
-#define TILE_R 3 /* 12 of the 16 ymm registers (each v16 is two) */
-#define TILE_C 2
+typedef float vf __attribute__((vector_size(32)));
+#define VW 8
+#define TILE_R 6 /* 6 rows x 1 block (2 ymm each): 12 of the 16 ymm registers */
+#define TILE_C 1
+#define SPLAT(s) ((vf){s, s, s, s, s, s, s, s})
 #endif
+#define LANES (16 / VW) /* registers per 16-column block */
 
 /* w [n, k] row-major -> packed panels of TILE_C column blocks (the last one may have fewer):
    panel [k][blocks][16], so one step over k reads the panel's lines one after another. 0, or
@@ -55,20 +60,21 @@ int moe_pack_f32(const float *w, float *packed, int64_t n, int64_t k) {
 static inline __attribute__((always_inline)) void tile(const float *x, int64_t ldx,
                                                        const float *w, int64_t k, float *y,
                                                        int64_t ldy, const int R, const int C) {
-    v16 acc[TILE_R][TILE_C];
+    vf acc[TILE_R][TILE_C * LANES];
+    const int V = C * LANES; /* registers across the tile's columns */
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) acc[r][c] = (v16){0};
+        for (int v = 0; v < V; v++) acc[r][v] = (vf){0};
     for (int64_t kk = 0; kk < k; kk++) {
-        v16 wv[TILE_C];
-        for (int c = 0; c < C; c++) memcpy(&wv[c], w + (kk * C + c) * 16, sizeof(v16));
+        vf wv[TILE_C * LANES];
+        for (int v = 0; v < V; v++) memcpy(&wv[v], w + kk * C * 16 + v * VW, sizeof(vf));
         for (int r = 0; r < R; r++) {
             const float xs = x[r * ldx + kk];
-            const v16 xv = SPLAT(xs);
-            for (int c = 0; c < C; c++) acc[r][c] += xv * wv[c];
+            const vf xv = SPLAT(xs);
+            for (int v = 0; v < V; v++) acc[r][v] += xv * wv[v];
         }
     }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) memcpy(y + r * ldy + 16 * c, &acc[r][c], sizeof(v16));
+        for (int v = 0; v < V; v++) memcpy(y + r * ldy + v * VW, &acc[r][v], sizeof(vf));
 }
 
 #define TILE_CASE(R, C)                                                                       \
@@ -98,11 +104,9 @@ static void rows_tile(const float *x, int64_t ldx, const float *w, int64_t k, fl
     switch (rows) { TILE_CASE(1, 1) TILE_CASE(2, 1) TILE_CASE(3, 1) TILE_CASE(4, 1)
                     TILE_CASE(5, 1) TILE_CASE(6, 1) }
 #else
-    if (blocks == 2) {
-        switch (rows) { TILE_CASE(1, 2) TILE_CASE(2, 2) TILE_CASE(3, 2) }
-        return;
-    }
-    switch (rows) { TILE_CASE(1, 1) TILE_CASE(2, 1) TILE_CASE(3, 1) }
+    (void)blocks; /* one block a panel */
+    switch (rows) { TILE_CASE(1, 1) TILE_CASE(2, 1) TILE_CASE(3, 1) TILE_CASE(4, 1)
+                    TILE_CASE(5, 1) TILE_CASE(6, 1) }
 #endif
 }
 
