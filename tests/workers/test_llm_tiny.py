@@ -64,12 +64,14 @@ def test_small_pool_forces_preemption_with_identical_output(tiny_llama_path, ref
         str(tiny_llama_path), block_size=16, kv_cache_memory=10 * 16 * 2 * 3 * 2 * 16 * 4,
         **exact(device),
     )
-    assert llm.engine.runner.num_blocks == 10
+    # on CUDA, decode graphs keep the pool's last block for their padding rows
+    blocks = 10 - (1 if getattr(llm.engine.runner, "graphs", None) else 0)
+    assert llm.engine.runner.num_blocks == blocks
     outputs = llm.generate(prompts, greedy())
     assert llm.engine.scheduler.num_preemptions > 0
     assert sum(o.metrics.num_preemptions for o in outputs) > 0
     assert [o.token_ids for o in outputs] == expected
-    assert llm.engine.block_manager.num_free_blocks == 10
+    assert llm.engine.block_manager.num_free_blocks == blocks
 
 
 @pytest.mark.parametrize(
