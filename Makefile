@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export LITELLM_LOCAL_MODEL_COST_MAP := True
 
-.PHONY: install serve test lint bench
+.PHONY: install serve test lint bench gpu-wheels gpu-check
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,3 +37,17 @@ test: install
 
 bench: install
 	$(PY) bench/engine_throughput.py
+
+# The GPU check (bench/gpu_check.py, README "On a GPU"). gpu-wheels, here with a network: the
+# engine's and its CUDA tests' packages that a lent GPU machine's image lacks, as wheels for
+# CPython 3.12, plus SmolLM2's tokenizer, into .whl/ (ignored by git; name it in the device
+# tool's carry). gpu-check, on the CUDA machine: install from .whl/ (where it is there), every
+# CUDA test, the GPU benchmarks, a report under OUT; within 8 minutes on an H100.
+OUT ?= bench/results/gpu_check
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+
+gpu-wheels: install
+	$(PY) bench/gpu_check.py prepare
+
+gpu-check:
+	$(GPU_PYTHON) bench/gpu_check.py run --out $(OUT)

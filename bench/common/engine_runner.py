@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from bench.common.throughput_stats import (
     summarize,
     sync,
 )
-from bench.common.workload import Request, Workload, decode_prompts
+from bench.common.workload import Request, Workload
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,42 +148,25 @@ def decode_bandwidth(llm: Any, sp_cls: Any, args: argparse.Namespace) -> dict[st
 
     Two runs per batch size differ only in output length (fresh prompts each, so prefix caching
     cannot help either); the wall-time difference divided by the extra tokens is pure decode step
-    time. Bytes per step = all weights once + the KV of every sequence at its mean context.
+    time, the best of two runs each. Bytes per step = all weights once + the KV of every
+    sequence at its mean context (`bench/common/gpu_bench.measure_decode`, which the GPU check
+    runs too).
     """
     from transformers import AutoTokenizer
+
+    from bench.common.gpu_bench import measure_decode
 
     path = Path(args.model_path)
     tok = AutoTokenizer.from_pretrained(path)
     weights = weight_bytes_read_per_step(path, args.dtype)
     kv_tok = kv_bytes_per_token(path, args.dtype)
     copy_bw = args.copy_bandwidth
-    t_short, t_long, p_len = args.bw_short, args.bw_long, args.bw_prompt
-    rows = []
-    for b in [int(x) for x in args.bw_batches.split(",")]:
-        if b > args.max_num_seqs:  # would not decode as one batch
-            continue
-        walls = []
-        for k, n_out in enumerate((t_short, t_long)):
-            params = sp_cls(temperature=0.0, max_tokens=n_out, ignore_eos=True)
-            best = math.inf
-            for rep in range(2):  # best of two: the first run of a shape may pay one-off costs
-                prompts = decode_prompts(tok, b, p_len, seed=args.seed + 1000 * b + 10 * k + rep)
-                sync(args.device)
-                t0 = time.perf_counter()
-                llm.generate(prompts, params)
-                sync(args.device)
-                best = min(best, time.perf_counter() - t0)
-            walls.append(best)
-        step = (walls[1] - walls[0]) / (t_long - t_short)
-        context = p_len + (t_short + t_long) / 2
-        step_bytes = weights + b * context * kv_tok
-        rows.append({
-            "batch": b,
-            "step_ms": step * 1e3,
-            "bytes_per_step": step_bytes,
-            "achieved_gb_s": step_bytes / step / 1e9 if step > 0 else None,
-            "utilisation": step_bytes / step / copy_bw if step > 0 and copy_bw else None,
-        })
-    return {"weight_bytes": weights, "kv_bytes_per_token": kv_tok, "prompt_len": p_len,
-            "outputs": [t_short, t_long], "copy_gb_s": copy_bw / 1e9 if copy_bw else None,
-            "rows": rows}
+    batches = [b for b in (int(x) for x in args.bw_batches.split(","))
+               if b <= args.max_num_seqs]  # a larger one would not decode as one batch
+    rows, _ = measure_decode(llm, sp_cls, tok, batches=batches, prompt_len=args.bw_prompt,
+                             short=args.bw_short, long=args.bw_long, device=args.device,
+                             weight_bytes=weights, kv_bytes_per_token=kv_tok,
+                             copy_bytes_per_s=copy_bw, seed=args.seed, reps=2, warm=False)
+    return {"weight_bytes": weights, "kv_bytes_per_token": kv_tok, "prompt_len": args.bw_prompt,
+            "outputs": [args.bw_short, args.bw_long],
+            "copy_gb_s": copy_bw / 1e9 if copy_bw else None, "rows": rows}

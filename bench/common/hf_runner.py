@@ -104,7 +104,8 @@ def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
     num_blocks = math.ceil(args.kv_cache_bytes / (HF_PAGE_SIZE * per_token))
     gen_config = GenerationConfig(do_sample=False, max_new_tokens=wl.max_output, eos_token_id=[],
                                   pad_token_id=pad_id_of(model))
-    cb_config = ContinuousBatchingConfig(
+    cb_config = continuous_batching_config(
+        ContinuousBatchingConfig,
         page_size=HF_PAGE_SIZE,
         num_blocks=num_blocks,
         max_batch_tokens=args.max_batched_tokens,
@@ -159,9 +160,23 @@ def run_hf_batch(args: argparse.Namespace, wl: Workload) -> dict[str, Any]:
             head=list(res.generated_tokens[:HEAD_TOKENS]), ids=list(res.generated_tokens)))
     result = summarize(stats, wall)
     result.update(load_s=load_s, attn=model.config._attn_implementation,
-                  hf_cb_config={"page_size": resolved.page_size, "num_blocks": resolved.num_blocks,
+                  hf_cb_config={"page_size": getattr(resolved, "page_size", None)
+                                or getattr(resolved, "block_size", None),
+                                "num_blocks": resolved.num_blocks,
                                 "max_batch_tokens": resolved.max_batch_tokens,
                                 "max_requests_per_batch": resolved.max_requests_per_batch,
                                 "use_cuda_graph": list(resolved.use_cuda_graph),
                                 "use_async_batching": resolved.use_async_batching})
     return result
+
+
+def continuous_batching_config(cls: Any, **values: Any) -> Any:
+    """`ContinuousBatchingConfig(**values)` across transformers 5.x: 5.17 (the lent GPU
+    machines' image) calls the page size `block_size` and has no `auto_switch_to_flash` (it
+    switches to a flash kernel only where one is installed: none is there)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    if "page_size" not in names and "block_size" in names:
+        values["block_size"] = values.pop("page_size")
+    return cls(**{k: v for k, v in values.items() if k in names})

@@ -139,6 +139,45 @@ MODEL_CONFIGS.update({
     for family, (architecture, features) in FAMILY_FEATURES.items()
 })
 
+# The GPU check's shapes (bench/gpu_check.py, issue 41): the real models' configs, weights
+# random. SmolLM2-135M as config.json states it; Llama 3.2 1B and Llama 3.1 8B with their
+# 128,256-token vocabularies (1B ties its embeddings, 8B does not) and Llama 3 RoPE scaling,
+# served up to 8,192 positions. Prompts are SmolLM2's token ids, all below 49,152.
+_LLAMA3 = {"rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "vocab_size": 128256}
+MODEL_CONFIGS.update({
+    "smollm2-135m": {
+        "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+        "vocab_size": 49152, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
+    },
+    "llama-3.2-1b": {
+        **_LLAMA3, "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 8192,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192},
+    },
+    "llama-3.1-8b": {
+        **_LLAMA3, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                            "original_max_position_embeddings": 8192},
+    },
+    # the GPU check's --tiny shape (its CPU tests): a Llama of 2 layers, SmolLM2's vocabulary
+    "gpu-check-tiny": {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128,
+        "vocab_size": 49152, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+})
+
 
 def model_dtype_name(device: str) -> str:
     """float32 on CPU (bf16 matmuls are slow there), bfloat16 on CUDA."""
@@ -178,9 +217,14 @@ def weight_bytes_read_per_step(model_path: Path, dtype_name: str) -> int:
     return numel * dtype_bytes(dtype_name)
 
 
-def build_random_model(name: str, base: Path) -> Path:
+def build_random_model(name: str, base: Path, *, fill: str = "normal") -> Path:
     """Write a checkpoint of `MODEL_CONFIGS[name]`'s shape (Llama unless it names another
     `architecture`) with random bf16 weights (cached; same config, same files).
+
+    `fill="tiled"` (Llama only; the GPU check's 8B shape) streams the checkpoint to disk one
+    tensor at a time, each a run of one 32 MiB pool of N(0, 0.02) values from its own offset
+    (`write_tiled_safetensors`): gigabytes in seconds, where drawing every value takes
+    minutes, and memory for one tensor at most. The values are as random as timing needs.
 
     Weights are drawn directly in bf16 from a seeded generator on CPU, so no CUDA context is
     created in the parent process (it would skew the children's GPU memory sizing). Llama's
@@ -197,8 +241,10 @@ def build_random_model(name: str, base: Path) -> Path:
     from workers.runner.models.registry import family_of
 
     spec = MODEL_CONFIGS[name]
-    digest = hashlib.sha256(json.dumps([spec, FOLDER_LAYOUT], sort_keys=True).encode()
-                            ).hexdigest()[:12]
+    if fill not in ("normal", "tiled"):
+        raise ValueError(f"fill must be normal or tiled, not {fill!r}")
+    keyed = [spec, FOLDER_LAYOUT] if fill == "normal" else [spec, FOLDER_LAYOUT, fill]
+    digest = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     out = cache_root() / "bench" / f"{name}-random-{digest}"
     if any(out.glob("*.safetensors")):
         return out
@@ -214,26 +260,34 @@ def build_random_model(name: str, base: Path) -> Path:
     )
     config.architectures = [architecture]
     config.dtype = "bfloat16"
+    if fill == "tiled" and architecture != "LlamaForCausalLM":
+        raise ValueError("fill='tiled' writes Llama checkpoints only")
     gen = torch.Generator().manual_seed(0)
     # a norm scales by its weight, or by (1 + weight) in a family whose norms are offset
     # (Gemma): either way an identity norm to start from
     norm_value = 1.0 - family_of(config).arch(config).norm_offset
 
-    def fill(key: str, t: torch.Tensor) -> torch.Tensor:
+    def fill_tensor(key: str, t: torch.Tensor) -> torch.Tensor:
         if key.endswith("norm.weight"):
             return t.fill_(norm_value)
         return t.normal_(0.0, 0.02, generator=gen)
 
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    if architecture == "LlamaForCausalLM":
+    if fill == "tiled":
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in model_cls(config).state_dict().items()
+                      if not (k == "lm_head.weight" and config.tie_word_embeddings)}
+        config.save_pretrained(tmp)
+        write_tiled_safetensors(tmp / "model.safetensors", shapes, norm_value=norm_value)
+    elif architecture == "LlamaForCausalLM":
         with torch.device("meta"):
             shapes = {k: v.shape for k, v in model_cls(config).state_dict().items()}
         tensors: dict[str, torch.Tensor] = {}
         for key, shape in shapes.items():
             if key == "lm_head.weight" and config.tie_word_embeddings:
                 continue
-            tensors[key] = fill(key, torch.empty(shape, dtype=torch.bfloat16))
+            tensors[key] = fill_tensor(key, torch.empty(shape, dtype=torch.bfloat16))
         config.save_pretrained(tmp)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     else:
@@ -242,7 +296,7 @@ def build_random_model(name: str, base: Path) -> Path:
         model = model.to_empty(device="cpu")
         with torch.no_grad():
             for key, param in model.named_parameters():
-                fill(key, param)
+                fill_tensor(key, param)
         if config.tie_word_embeddings:  # one matrix, as the real checkpoints keep it
             model.get_output_embeddings().weight = model.get_input_embeddings().weight
         model.save_pretrained(tmp)
@@ -255,3 +309,44 @@ def build_random_model(name: str, base: Path) -> Path:
     else:
         os.replace(tmp, out)
     return out
+
+
+def write_tiled_safetensors(path: Path, shapes: dict[str, tuple[int, ...]], *,
+                            norm_value: float = 1.0, seed: int = 0,
+                            pool_elements: int = 1 << 24) -> None:
+    """A bfloat16 safetensors file written as it is made: the header, then each tensor, a run
+    of a seeded pool of N(0, 0.02) values starting at the tensor's own offset (norm weights:
+    `norm_value`). Nothing larger than the pool is held in memory."""
+    import struct
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.empty(2 * pool_elements, dtype=torch.bfloat16)
+    pool[:pool_elements].normal_(0.0, 0.02, generator=gen)
+    pool[pool_elements:] = pool[:pool_elements]  # a run may wrap: read it from the copy
+    raw_pool = pool.view(torch.int16).numpy()
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        size = math.prod(shape) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for i, (name, shape) in enumerate(shapes.items()):
+            left = math.prod(shape)
+            if name.endswith("norm.weight"):
+                out.write(torch.full((left,), norm_value, dtype=torch.bfloat16)
+                          .view(torch.int16).numpy().tobytes())
+                continue
+            start = (i * 2654435761) % pool_elements
+            while left:
+                run = min(left, pool_elements)
+                out.write(memoryview(raw_pool[start : start + run]))
+                left -= run
+                start = (start + run) % pool_elements
