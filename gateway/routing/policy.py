@@ -19,6 +19,11 @@ from workers.protocol.requests import OpenAIRequest
 RESIDENCY_RANK = {"device": 0, "cpu": 1, "disk": 2}
 
 
+# Ties' lottery: one generator for the process (a new one per request seeded itself from
+# os.urandom, 1-2% of a request's CPU).
+_RNG = random.Random()
+
+
 @dataclass(frozen=True, slots=True)
 class Needs:
     """What the request needs of a deployment."""
@@ -54,7 +59,7 @@ def refusal_of(deployment: Deployment, needs: Needs) -> Refusal | None:
 
 def rank(deployments: Sequence[Deployment], health: Callable[[str], DeploymentHealth],
          needs: Needs, *, policy: str, rng: random.Random | None = None) -> Ranked:
-    rng = rng or random.Random()
+    rng = rng or _RNG
     usable: list[Deployment] = []
     incapable = unhealthy = busy = 0
     retry_in: float | None = None
