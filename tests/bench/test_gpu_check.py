@@ -29,8 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # ---- what travels -------------------------------------------------------------------------
 
 
-def imported_test_helpers(files: list[Path]) -> list[Path]:
-    """The `tests.*` modules `files` import, transitively (helpers, conftests)."""
+def imported_test_helpers(files: list[Path], package: str = "tests.") -> list[Path]:
+    """`files` and the modules of `package` they import, transitively (the tests' helpers;
+    the benchmark modules the check runs)."""
     seen: dict[Path, None] = {}
     todo = list(files)
     while todo:
@@ -41,11 +42,11 @@ def imported_test_helpers(files: list[Path]) -> list[Path]:
         for node in ast.walk(ast.parse(f.read_text())):
             names = []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             for name in names:
-                if name.startswith("tests."):
+                if name.startswith(package):
                     path = ROOT / (name.replace(".", "/") + ".py")
                     todo += [path] if path.is_file() else []
     return list(seen)
@@ -64,8 +65,12 @@ def carried(module: str) -> str | None:
 
 
 def engine_and_test_files() -> list[Path]:
+    """The engine, the CUDA test files with their helpers, and the benchmark code the check
+    runs (bench/gpu_check.py and bench/engine_throughput.py, with their bench.* modules)."""
     tests = [*gpu_check.cuda_test_files(), ROOT / "tests" / "conftest.py"]
-    return sorted(ROOT.glob("workers/**/*.py")) + imported_test_helpers(tests)
+    benches = [ROOT / "bench" / "gpu_check.py", ROOT / "bench" / "engine_throughput.py"]
+    return (sorted(ROOT.glob("workers/**/*.py")) + imported_test_helpers(tests)
+            + imported_test_helpers(benches, "bench."))
 
 
 def test_every_third_party_import_of_the_engine_and_the_cuda_tests_travels_or_is_there():
