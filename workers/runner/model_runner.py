@@ -224,13 +224,23 @@ class ModelRunner:
         if self.num_blocks < 2:
             raise ValueError("decode graphs need a KV pool of at least 2 blocks (one is the "
                              "padding rows' null block)")
+        eager = (self.num_blocks, self.max_model_len)
         self.num_blocks -= 1
         self.max_model_len = min(self.max_model_len, self.num_blocks * self.block_size)
         self.graphs = DecodeGraphs(
             self._graph_forward, sizes, max_blocks=-(-self.max_model_len // self.block_size),
             block_size=self.block_size, null_block=self.num_blocks, device=self.device,
             new_graph=new_graph or cuda_graph_factory())
-        self.graphs.capture()
+        try:
+            self.graphs.capture()
+        except RuntimeError as exc:
+            # A capture the device refuses (a kernel that syncs, an allocator limit) costs
+            # speed, not service: the engine starts eager, with the reason in the log.
+            logger.warning("decode graphs could not be captured, decode steps run eagerly: %s",
+                           exc)
+            self.graphs = None
+            self.num_blocks, self.max_model_len = eager
+            return False
         logger.info("decode graphs captured for batch sizes %s", list(self.graphs.sizes))
         return True
 

@@ -228,6 +228,22 @@ def test_runners_that_cannot_be_captured_stay_eager(tiny_llama_path, tmp_path, t
     assert "bincount" in load_runner(tmp_path).decode_graph_refusal()
 
 
+class RefusedGraph(RecordingGraph):
+    """A device that refuses the capture (a kernel that waits for the host, say)."""
+
+    def capture(self, forward):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def test_a_refused_capture_leaves_the_runner_eager(tiny_llama_path, caplog):
+    runner = load_runner(tiny_llama_path)
+    blocks, length = runner.num_blocks, runner.max_model_len
+    assert not runner.enable_decode_graphs((1, 2), new_graph=RefusedGraph)
+    assert runner.graphs is None and (runner.num_blocks, runner.max_model_len) == (blocks,
+                                                                                   length)
+    assert "run eagerly" in caplog.text and "stream is capturing" in caplog.text
+
+
 def test_a_cpu_engine_ignores_cuda_graphs(tiny_llama_path):
     engine = LLMEngine.from_args(model=str(tiny_llama_path), kv_cache_memory=4 << 20,
                                  cuda_graphs=True)
