@@ -3,9 +3,10 @@
 The lent machines (the device tool, /work/.library/device/KINDS.md) run an image with Python
 3.12, torch 2.11+cu130, Triton, transformers and about two hundred other packages
 (`DEVICE_IMAGE`), and no network. What the engine (`workers`) and its CUDA tests import
-beyond that travels as wheels in `.whl/` (`GPU_WHEELS`, pinned to the versions this checkout's
-tests run with), downloaded here by `make gpu-wheels` and installed there with `pip install
---no-index --no-deps --target`. The SmolLM2 tokenizer travels beside them (`TOKENIZER_DIR`):
+beyond that travels as wheels in `.whl/` (`GPU_WHEELS`, each at the version installed where
+`make gpu-wheels` runs: the one that checkout's tests ran with), downloaded by `make
+gpu-wheels` and installed there with `pip install --no-index --no-deps --target`. The
+SmolLM2 tokenizer travels beside them (`TOKENIZER_DIR`):
 the 94 MB GGUF it comes in does not fit the 64 MiB that travels, and the tests' tiny models
 and the benchmark's random models need a real tokenizer.
 
@@ -63,24 +64,32 @@ wheel wrapt xarray xxhash yarl zipp
 DEVICE_IMAGE = frozenset(_IMAGE_PACKAGES.split())
 
 # Not on the image, imported by `workers` or by the CUDA tests (with what needs them), and
-# the requirements of those: name -> version, the version installed here.
-GPU_WHEELS: dict[str, str] = {
-    "pydantic": "2.14.4",  # workers.config (EngineArgs), workers.protocol
-    "pydantic-core": "2.50.5",
-    "annotated-types": "0.8.0",
-    "typing-inspection": "0.4.5",
-    "llguidance": "1.9.1",  # structured outputs (workers.runner.structured_backend)
-    "starlette": "1.10.0",  # the worker's HTTP API (workers.server), workers.telemetry
-    "redis": "8.1.0",  # the worker's heartbeats (workers.server.registration)
-    "opentelemetry-api": "1.45.2",  # workers.telemetry
-    "opentelemetry-sdk": "1.45.2",
-    "opentelemetry-semantic-conventions": "0.66b2",
-    "pytest-asyncio": "1.5.0",  # pyproject's asyncio_mode; async engine and server tests
-    "jsonschema": "4.26.0",  # tests/workers/test_structured_outputs.py
-    "jsonschema-specifications": "2025.9.1",
-    "referencing": "0.37.0",
-    "rpds-py": "2026.9.1",
-}
+# the requirements of those, by name: their versions are this venv's (`gpu_wheels`), so no pin
+# here can drift from what the tests here ran with when a new release is installed.
+GPU_WHEELS: tuple[str, ...] = (
+    "pydantic",  # workers.config (EngineArgs), workers.protocol
+    "pydantic-core",
+    "annotated-types",
+    "typing-inspection",
+    "llguidance",  # structured outputs (workers.runner.structured_backend)
+    "starlette",  # the worker's HTTP API (workers.server), workers.telemetry
+    "redis",  # the worker's heartbeats (workers.server.registration)
+    "opentelemetry-api",  # workers.telemetry
+    "opentelemetry-sdk",
+    "opentelemetry-semantic-conventions",
+    "pytest-asyncio",  # pyproject's asyncio_mode; async engine and server tests
+    "jsonschema",  # tests/workers/test_structured_outputs.py
+    "jsonschema-specifications",
+    "referencing",
+    "rpds-py",
+)
+
+
+def gpu_wheels() -> dict[str, str]:
+    """Each of `GPU_WHEELS` at the version installed here (PackageNotFoundError if one is
+    not: the project's install brings them all)."""
+    return {name: importlib.metadata.version(name) for name in GPU_WHEELS}
+
 
 # pytest plugins the project's pytest settings (pyproject.toml) need, and the setting.
 PYTEST_PLUGINS = {"pytest-asyncio": "asyncio_mode", "pytest-timeout": "timeout"}
@@ -125,13 +134,14 @@ def prepare(dest: Path = WHEEL_DIR, *, python: str = sys.executable,
     """`make gpu-wheels`: every wheel of `GPU_WHEELS` into `dest` (wheels of other versions
     removed), and the SmolLM2 tokenizer files into `dest/smollm2-tokenizer`."""
     dest.mkdir(parents=True, exist_ok=True)
-    wanted = {normalize(n): v for n, v in GPU_WHEELS.items()}
+    pins = gpu_wheels()
+    wanted = {normalize(n): v for n, v in pins.items()}
     for old in dest.glob("*.whl"):
         name, version = wheel_name(old), old.name.split("-")[1]
         if wanted.get(name) != version:
             old.unlink()
     have = {wheel_name(p) for p in dest.glob("*.whl")}
-    for name, version in GPU_WHEELS.items():
+    for name, version in pins.items():
         if normalize(name) not in have:
             subprocess.run(download_command(dest, f"{name}=={version}", python), check=True)
     copy_tokenizer(tokenizer_source, dest / TOKENIZER_DIR.name)
@@ -252,4 +262,10 @@ def requirements(name: str) -> set[str]:
 
 def manifest() -> str:
     """The declared lists, as JSON (for the GPU check's record)."""
-    return json.dumps({"wheels": GPU_WHEELS, "not_carried": NOT_CARRIED})
+    installed = {}
+    for name in GPU_WHEELS:  # on the device: what the wheels installed, if they did
+        try:
+            installed[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            installed[name] = None
+    return json.dumps({"wheels": installed, "not_carried": NOT_CARRIED})

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.metadata
 import json
 import math
 import os
@@ -90,9 +89,8 @@ def test_every_third_party_import_of_the_engine_and_the_cuda_tests_travels_or_is
 
 
 def test_each_wheel_is_pinned_to_what_runs_here_needed_and_complete():
-    wheels = {device_image.normalize(n): v for n, v in device_image.GPU_WHEELS.items()}
-    for name, version in wheels.items():
-        assert importlib.metadata.version(name) == version, name
+    wheels = {device_image.normalize(n): v for n, v in device_image.gpu_wheels().items()}
+    for name in wheels:
         assert name not in device_image.DEVICE_IMAGE, f"{name} is on the image already"
     available = set(wheels) | device_image.DEVICE_IMAGE
     for name in wheels:
@@ -140,10 +138,11 @@ def test_prepare_fetches_each_wheel_once_drops_stale_ones_and_copies_the_tokeniz
     dest = tmp_path / ".whl"
     dest.mkdir()
     (dest / "pydantic-0.1-py3-none-any.whl").write_bytes(b"old")  # another version: stale
-    keep = f"redis-{device_image.GPU_WHEELS['redis']}-py3-none-any.whl"
+    pins = device_image.gpu_wheels()
+    keep = f"redis-{pins['redis']}-py3-none-any.whl"
     (dest / keep).write_bytes(b"have")
     result = device_image.prepare(dest, tokenizer_source=smollm2_path)
-    assert "redis==" + device_image.GPU_WHEELS["redis"] not in calls  # already there
+    assert "redis==" + pins["redis"] not in calls  # already there
     assert len(calls) == len(device_image.GPU_WHEELS) - 1
     assert not (dest / "pydantic-0.1-py3-none-any.whl").exists()
     assert (dest / keep).read_bytes() == b"have"
