@@ -131,6 +131,8 @@ async def serve(request: Request, surface: Surface) -> Response:
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
         body = await read_body(gw, key, raw, surface)
+        if surface.with_headers is not None:
+            body = surface.with_headers(body, request.headers)
     origin = Origin(headers=request.headers, receive=request.receive,
                     state=request.scope["state"], span=span, clock=clock)
     return await answer(gw, key, body, surface, origin)

@@ -14,7 +14,9 @@ client sees carries the key or the base URL.
 Where the provider speaks the call's surface natively (`DeploymentConfig.native`: Anthropic's
 Messages, OpenAI's Responses at its own endpoint), the surface's body goes to the provider's
 endpoint as it is. litellm says where and how (its provider config's URL and auth headers, found
-once at start), and the gateway's pooled HTTP client sends it and reads the answer
+once at start; a Messages call adds the client's `anthropic-version` and `anthropic-beta`, as
+the surface validated them: `Native.upstream_headers`), and the gateway's pooled HTTP client
+sends it and reads the answer
 (`gateway.deployments.http.native_events`): litellm 1.106's own streaming Messages call
 imports its proxy server (`litellm[proxy]`: orjson, soundfile, backoff, ...), which the gateway
 does not install. Native APIs the config asks for and litellm cannot set up (a provider whose
@@ -189,8 +191,9 @@ class LiteLLMDeployment(Deployment):
             url, headers = self._native[native.api]
             stream = bool(call.request.stream)
             pool, body = self._pool, native.upstream_body(self._model, stream=stream)
+            asked = native.upstream_headers(headers)
             return native_events(lambda: pool.session.post(
-                url, data=body, headers=traced(headers, request_id), timeout=self._timeout),
+                url, data=body, headers=traced(asked, request_id), timeout=self._timeout),
                 native, call, stream=stream)
         return self._translated(call, request_id=request_id)
 

@@ -73,8 +73,9 @@ class HttpDeployment(Deployment):
             url, headers = self._native[native.api]
             stream = bool(call.request.stream) or self.streams_whole
             body = native.upstream_body(self.upstream_fields(call)["model"], stream=stream)
+            asked = native.upstream_headers(headers)
             return native_events(lambda: self._pool.session.post(
-                url, data=body, headers=traced(headers, request_id), timeout=self._timeout,
+                url, data=body, headers=traced(asked, request_id), timeout=self._timeout,
                 ssl=self.tls), native, call, stream=stream)
         return self._chat(call, request_id=request_id)
 
@@ -150,8 +151,9 @@ class HttpDeployment(Deployment):
 def native_headers(api: str, headers: Mapping[str, str], secret: str | None
                    ) -> dict[str, str]:
     """An OpenAI-compatible server's headers for a native API: on /messages also Anthropic's
-    `anthropic-version`, and the key as `x-api-key` too (servers that speak Messages beside
-    chat take one or the other)."""
+    `anthropic-version` (the client's replaces it per call, and its `anthropic-beta` is
+    added: `Native.upstream_headers`), and the key as `x-api-key` too (servers that speak
+    Messages beside chat take one or the other)."""
     out = dict(headers)
     if api == "messages":
         out["anthropic-version"] = ANTHROPIC_VERSION

@@ -13,13 +13,17 @@ the upstream's own counts without knowing it came natively.
 The body carried (`Native`) is built by the surface from fields it validated, never copied
 from the client: a Responses body has `previous_response_id` expanded into its input items
 (stored responses are the gateway's, per tenant) and `store: false`; the model and `stream`
-are set per call, the model being the deployment's upstream model.
+are set per call, the model being the deployment's upstream model. A Messages call also carries
+the client's `anthropic-version` and `anthropic-beta` (names the surface checked are tokens),
+sent with the deployment's own headers (`Native.upstream_headers`): a beta changes what
+Anthropic's API does, so an upstream that speaks it is told which the client asked for.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,19 +44,45 @@ from workers.protocol.requests import ChatCompletionRequest, OpenAIRequest
 
 PATHS: dict[NativeApi, str] = {"responses": "/responses", "messages": "/messages"}
 ANTHROPIC_VERSION = "2023-06-01"  # the `anthropic-version` header Messages upstreams expect
+VERSION_HEADER = "anthropic-version"
+BETA_HEADER = "anthropic-beta"
 
 
 @dataclass(frozen=True, slots=True)
 class Native:
     """A surface's own request body as the gateway checked and completed it (no model, no
-    stream: `upstream_body` sets them per call)."""
+    stream: `upstream_body` sets them per call), and for Messages the client's
+    `anthropic-version` (None: the deployment's, `ANTHROPIC_VERSION`) and `anthropic-beta`
+    names, as the surface validated them."""
 
     api: NativeApi
     body: dict[str, Any]
+    version: str | None = None
+    betas: tuple[str, ...] = ()
 
     def upstream_body(self, model: str, *, stream: bool) -> bytes:
         body = {**self.body, "model": model, "stream": stream}
         return json.dumps(body, separators=(",", ":")).encode()
+
+    def upstream_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """The deployment's headers for this call (lower-cased names, its auth among them):
+        on Messages the client's version in place of the deployment's, and the client's betas
+        after any the deployment names itself, each once."""
+        if self.api != "messages" or (self.version is None and not self.betas):
+            return headers
+        out = dict(headers)
+        if self.version is not None:
+            out[VERSION_HEADER] = self.version
+        if self.betas:
+            out[BETA_HEADER] = ",".join(merged_betas((out.get(BETA_HEADER, ""), *self.betas)))
+        return out
+
+
+def merged_betas(values: Iterable[str]) -> tuple[str, ...]:
+    """The beta names in comma-separated `values`, in order, each once (empty items, as HTTP
+    lists allow them, dropped)."""
+    names = (name.strip(" \t") for value in values for name in value.split(","))
+    return tuple(dict.fromkeys(name for name in names if name))
 
 
 class NativeChat(ChatCompletionRequest):

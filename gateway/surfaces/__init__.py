@@ -20,6 +20,8 @@ from workers.protocol.render import Fold, Renderer, StreamRenderer
 from workers.protocol.requests import OpenAIRequest, RequestError, parse_request
 
 if TYPE_CHECKING:
+    from starlette.datastructures import Headers
+
     from gateway.deployments.base import AdapterRef, Call, Deployment
     from gateway.routing.fallback import Attempt
     from gateway.state import GatewayState
@@ -95,6 +97,9 @@ class Surface:
     # (request, prompt tokens) -> renderer; None: never streamed (its kind asks no stream)
     stream: Callable[[OpenAIRequest, int], Renderer] | None = None
     api_key_header: str | None = None  # a header that may carry the key beside Authorization
+    # The client's headers the surface checks and carries on the parsed request (Anthropic's
+    # `anthropic-version` and `anthropic-beta`, for a native upstream): a 400 naming one.
+    with_headers: Callable[[Canonical, Headers], Canonical] | None = None
     # A body that refers to what the gateway keeps for the tenant (Responses'
     # previous_response_id) is read with the key instead of `parse` (`request_path.read_body`).
     read: Callable[[GatewayState, KeyContext, bytes], Awaitable[OpenAIRequest]] | None = None
@@ -126,7 +131,7 @@ COMPLETIONS = Surface("completions", False, "cmpl", _openai_parse(False), None,
 MESSAGES = Surface("messages", True, "msg", anthropic.parse, _anthropic_whole,
                    lambda request, prompt_tokens: anthropic.StreamRenderer(
                        prompt_tokens=prompt_tokens, model=request.model),
-                   api_key_header="x-api-key")
+                   api_key_header="x-api-key", with_headers=anthropic.with_headers)
 RESPONSES = Surface("responses", True, "resp", responses.parse, responses.whole,
                     responses.StreamRenderer, read=responses.read, keep=responses.keep)
 EMBEDDINGS = Surface("embeddings", False, "emb", embeddings.parse, None, kind=EMBEDDING)

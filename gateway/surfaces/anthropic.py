@@ -12,17 +12,39 @@ connection or account settings): a deployment whose upstream speaks Messages (an
 deployment with `native_apis: [messages]`, a litellm `anthropic` provider) is sent that to its
 `/messages` instead of chat completions, and its answer read into the same events
 (`gateway.deployments.native`); every other deployment gets the translation.
+
+Headers (`with_headers`, before routing): the client's `anthropic-version` and `anthropic-beta`
+(comma-separated beta names, as the SDK's `betas=` and Claude Code send them; several lines
+are merged in order, each name once) are checked, whatever the deployment: each name a token
+of letters, digits, `.`, `_` and `-`, each header at most `MAX_HEADER_CHARS` in all, one
+version; anything else is a 400 naming the header, so no other bytes are ever sent upstream.
+A native Messages upstream is sent both with the call (the version in place of the default
+`2023-06-01`, the betas after any the deployment's own headers name). A translated request
+has no use for them: the engine, workers and chat upstreams serve no beta (what a beta
+unlocks in the body, such as `thinking` or server tools, is refused by name as without it),
+so they are not forwarded there, and a fallback from a native deployment to a translated one
+drops them the same way.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from typing import Annotated, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.deployments.native import Native, NativeChat, with_native
+from gateway.deployments.native import (
+    BETA_HEADER,
+    VERSION_HEADER,
+    Native,
+    NativeChat,
+    merged_betas,
+    native_of,
+    with_native,
+)
 from gateway.errors import APIError, anthropic_error_type
 from workers.protocol.events import (
     Event,
@@ -35,8 +57,13 @@ from workers.protocol.events import (
 )
 from workers.protocol.requests import ChatCompletionRequest, RequestError, request_error
 
+if TYPE_CHECKING:
+    from starlette.datastructures import Headers
+
 PATH = "/v1/messages"
-VERSION_HEADER = "anthropic-version"
+MAX_HEADER_CHARS = 1024  # one header's lines together (`anthropic-beta`, `anthropic-version`)
+_NAME = re.compile(r"[A-Za-z0-9._-]+")  # a beta's name, or a version
+R = TypeVar("R")
 # What a Messages upstream is sent of a request, as validated (model and stream are set per
 # call); `container` and `thinking` are refused, and the account's settings (workspace,
 # region, diagnostics) are the deployment's, not the client's.
@@ -178,6 +205,43 @@ def parse(raw: bytes, *, count_only: bool = False) -> ChatCompletionRequest:
         raise _as_api_error(request_error(exc)) from None
     return with_native(chat, Native("messages", body.model_dump(
         mode="json", by_alias=True, exclude_none=True, include=NATIVE_FIELDS)))
+
+
+def with_headers(request: R, headers: Headers) -> R:
+    """The client's `anthropic-version` and `anthropic-beta` checked (a 400 naming the header
+    otherwise) and carried on the request's native body, for an upstream that speaks
+    Messages."""
+    version = _version(headers.getlist(VERSION_HEADER))
+    betas = _betas(headers.getlist(BETA_HEADER))
+    if isinstance(request, NativeChat) and (version is not None or betas):
+        native = native_of(request)
+        if native is not None:
+            with_native(request, replace(native, version=version, betas=betas))
+    return request
+
+
+def _version(values: list[str]) -> str | None:
+    if not values:
+        return None
+    given = {value.strip(" \t") for value in values}
+    if len(given) > 1:
+        raise invalid(f"{VERSION_HEADER}: give one version, not several.", param=VERSION_HEADER)
+    (version,) = given
+    if len(version) > MAX_HEADER_CHARS or not _NAME.fullmatch(version):
+        raise invalid(f"{VERSION_HEADER}: not a valid API version (letters, digits, '.', '_' "
+                      "and '-').", param=VERSION_HEADER)
+    return version
+
+
+def _betas(values: list[str]) -> tuple[str, ...]:
+    if sum(len(value) for value in values) > MAX_HEADER_CHARS:
+        raise invalid(f"{BETA_HEADER}: longer than {MAX_HEADER_CHARS} characters.",
+                      param=BETA_HEADER)
+    betas = merged_betas(values)
+    if not all(_NAME.fullmatch(name) for name in betas):
+        raise invalid(f"{BETA_HEADER}: expected beta names separated by commas (letters, "
+                      "digits, '.', '_' and '-').", param=BETA_HEADER)
+    return betas
 
 
 def _chat_body(body: MessagesRequest) -> dict[str, Any]:

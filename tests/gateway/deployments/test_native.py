@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 
 from gateway.deployments.base import Call, UpstreamFailure
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.external import LiteLLMDeployment
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
-from gateway.deployments.native import MessagesReader, ResponsesReader, native_of
+from gateway.deployments.native import MessagesReader, Native, ResponsesReader, native_of
 from gateway.errors import APIError
 from gateway.surfaces import anthropic, responses
 from tests.gateway.support import loopback_upstream
@@ -219,6 +220,28 @@ def test_a_messages_body_carries_only_what_was_validated_and_is_sendable():
                            "messages": [{"role": "user", "content": "hi"}]}
     assert json.loads(native.upstream_body("up", stream=False)) == {
         **native.body, "model": "up", "stream": False}
+
+
+def test_a_messages_call_carries_the_clients_version_and_betas():
+    request = anthropic.parse(json.dumps({
+        "model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}).encode())
+    anthropic.with_headers(request, Headers(raw=[
+        (b"anthropic-version", b"2024-10-22"), (b"anthropic-beta", b"b-1, ,a.2"),
+        (b"anthropic-beta", b"a.2,c_3")]))
+    native = native_of(request)
+    assert native is not None and (native.version, native.betas) == ("2024-10-22",
+                                                                     ("b-1", "a.2", "c_3"))
+    own = {"x-api-key": "sk-a", "anthropic-version": "2023-06-01", "anthropic-beta": "c_3,z"}
+    assert native.upstream_headers(own) == {"x-api-key": "sk-a",
+                                            "anthropic-version": "2024-10-22",
+                                            "anthropic-beta": "c_3,z,b-1,a.2"}
+    assert own["anthropic-beta"] == "c_3,z"  # the deployment's own are left as they were
+    plain = {"x-api-key": "sk-a", "anthropic-version": "2023-06-01"}
+    assert Native("messages", {}).upstream_headers(plain) == plain  # none given: the default
+    assert Native("responses", {}, "v", ("b",)).upstream_headers({}) == {}  # Messages only
+    with pytest.raises(APIError) as caught:
+        anthropic.with_headers(request, Headers(raw=[(b"anthropic-beta", b"a\x00b")]))
+    assert (caught.value.status, caught.value.param) == (400, "anthropic-beta")
 
 
 def test_a_responses_body_is_the_whole_conversation_with_store_off():

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import pytest
+from anthropic._constants import ANTHROPIC_API_VERSION as SDK_VERSION
 
 from bench.common.mock_native import TOOL_ARGUMENTS
 from bench.common.mock_upstream import DEFAULT_REPLY, MockServerThread, count_tokens
@@ -209,7 +211,7 @@ async def test_messages_go_to_the_upstreams_messages_as_validated(served):
     assert message.id.startswith("msg_mock")  # the upstream's id
     got = served.got()  # the account's settings (inference_geo) are the deployment's
     assert got["path"] == "/v1/messages"
-    assert got["headers"]["anthropic-version"] == "2023-06-01"
+    assert got["headers"]["anthropic-version"] == SDK_VERSION  # the client's, forwarded
     assert got["headers"]["x-api-key"] == KEY
     assert got["body"] == {
         "model": "up-native", "stream": False, "max_tokens": 50, "system": "Be brief.",
@@ -278,8 +280,91 @@ async def test_a_litellm_anthropic_provider_gets_messages_natively(served):
     assert got["body"]["messages"] == [{"role": "user", "content": "Weather?"}]
     assert "litellm" not in got["headers"].get("user-agent", "")
     assert got["headers"]["x-api-key"] == KEY
-    assert got["headers"]["anthropic-version"] == "2023-06-01"
+    assert got["headers"]["anthropic-version"] == SDK_VERSION  # the client's, forwarded
     assert got["body"]["stream"] is True and got["body"]["tools"] == [ANTHROPIC_WEATHER]
+
+
+# ---- the client's anthropic-version and anthropic-beta ----------------------------------------
+
+BETAS = ("prompt-caching-2024-07-31", "token-efficient-tools-2025-02-19",
+         "interleaved-thinking-2025-05-14")
+HELLO = {"max_tokens": 20, "messages": [{"role": "user", "content": "Say hello"}]}
+
+
+async def post_message(served: Served, model: str, headers: list[tuple[str, Any]]
+                       ) -> httpx.Response:
+    """POST /v1/messages with `headers` as given (a name may come several times)."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
+        return await client.post("/v1/messages", json={"model": model, **HELLO}, headers=[
+            ("x-api-key", served.tenant.key), *headers])
+
+
+@pytest.mark.parametrize("model", ["native", "claude"])  # an openai and a litellm upstream
+async def test_the_clients_version_and_betas_reach_a_native_upstream(served, model):
+    response = await post_message(served, model, [
+        ("anthropic-version", "2024-10-22"),
+        ("anthropic-beta", f"{BETAS[0]}, {BETAS[1]}"),
+        ("anthropic-beta", f"{BETAS[1]},{BETAS[2]}")])
+    assert response.status_code == 200, response.text
+    assert response.json()["content"][0]["text"] == DEFAULT_REPLY
+    headers = served.got()["headers"]  # merged into one line, in order, each once
+    assert headers["anthropic-beta"] == ",".join(BETAS)
+    assert headers["anthropic-version"] == "2024-10-22"
+    assert headers["x-api-key"] == KEY  # the deployment's key, as before
+    response = await post_message(served, model, [])  # neither given: the default version
+    assert response.status_code == 200, response.text
+    headers = served.got()["headers"]
+    assert headers["anthropic-version"] == "2023-06-01" and "anthropic-beta" not in headers
+
+
+async def test_the_sdks_betas_reach_a_native_upstream(served):
+    async with served.anthropic() as claude:
+        message = await claude.beta.messages.create(model="native", betas=list(BETAS[:2]),
+                                                    **HELLO)
+        assert message.content[0].text == DEFAULT_REPLY
+        headers = served.got()["headers"]
+        assert headers["anthropic-beta"] == ",".join(BETAS[:2])
+        assert headers["anthropic-version"] == SDK_VERSION
+        async with claude.messages.stream(
+                model="claude", extra_headers={"anthropic-beta": BETAS[2]}, **HELLO) as stream:
+            assert (await stream.get_final_message()).content[0].text == DEFAULT_REPLY
+        got = served.got()
+        assert got["body"]["stream"] is True and got["headers"]["anthropic-beta"] == BETAS[2]
+        await claude.messages.create(model="native", **HELLO)  # none asked: none sent
+        assert "anthropic-beta" not in served.got()["headers"]
+
+
+@pytest.mark.parametrize(("header", "values"), [
+    ("anthropic-beta", ["prompt caching"]),
+    ("anthropic-beta", ["a;b"]),
+    ("anthropic-beta", ["x-api-key: sk-stolen"]),
+    ("anthropic-beta", ["caf\u00e9".encode()]),
+    ("anthropic-beta", [",".join(["token-efficient-tools-2025-02-19"] * 40)]),  # > 1 KiB
+    ("anthropic-beta", ["a" * 600, "b" * 600]),  # > 1 KiB over both lines
+    ("anthropic-version", ["2023-06-01, 2024-10-22"]),
+    ("anthropic-version", ["2023-06-01", "2024-10-22"]),
+    ("anthropic-version", [""]),
+])
+@pytest.mark.parametrize("model", ["native", "plain"])
+async def test_a_bad_header_is_a_400_in_anthropics_shape_and_nothing_goes_upstream(
+        served, model, header, values):
+    response = await post_message(served, model, [(header, value) for value in values])
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith(f"{header}:")
+    assert "sk-stolen" not in response.text
+    assert served.mocks["native"].mock.stats.requests == 0
+    assert served.mocks["chat"].mock.stats.requests == 0
+
+
+async def test_a_translated_request_takes_the_betas_and_does_not_forward_them(served):
+    response = await post_message(served, "plain", [("anthropic-beta", ",".join(BETAS)),
+                                                    ("anthropic-version", "2024-10-22")])
+    assert response.status_code == 200 and response.json()["content"][0]["text"] == DEFAULT_REPLY
+    got = served.got("chat")
+    assert got["path"] == "/v1/chat/completions"
+    assert "anthropic-beta" not in got["headers"] and "anthropic-version" not in got["headers"]
 
 
 # ---- no native API: translated as before ------------------------------------------------------
