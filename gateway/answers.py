@@ -8,7 +8,6 @@ is handed each finished one before its last byte (`Surface.keep`).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,6 +21,7 @@ from gateway.ticket import Ticket
 from workers.protocol.events import Failed, aclose
 from workers.protocol.render import Fold, events_of_response, replay
 from workers.protocol.requests import ChatCompletionRequest
+from workers.protocol.wire_json import dumps
 
 prompt_log = logging.getLogger("switchboard.prompts")  # only with `log_prompts` on
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -160,4 +160,4 @@ def log_completion(response: dict[str, Any]) -> None:
 
 
 def _json(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    return dumps(body)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 
 from opentelemetry.trace import Tracer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -87,7 +87,7 @@ class GatewayMiddleware:
                 chunked = True
         has_body = chunked or length.strip(b"0") != b""
         # Always our own: it is the usage record's unique key, which a caller must not pick.
-        request_id = uuid.uuid4().hex.encode()
+        request_id = os.urandom(16).hex().encode()  # a uuid4 object costs 5x
         state = scope.setdefault("state", {})
         state["request_id"] = request_id.decode()
         state["upstream_s"] = 0.0

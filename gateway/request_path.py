@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -193,7 +193,7 @@ async def answer(gw: GatewayState, key: KeyContext, body: Canonical, surface: Su
 
         with tracing.span("prepare"):
             order, call = await first_that_fits(plan.order, estimate, threaded=False)
-    engine_id = f"{surface.id_prefix}-{uuid.uuid4().hex}"
+    engine_id = f"{surface.id_prefix}-{os.urandom(16).hex()}"
     admission = admission_request(request_id=engine_id, key=key, call=call,
                                   price=order[0].price,
                                   exact=not order[0].tokenizes)

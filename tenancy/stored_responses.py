@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -47,7 +47,7 @@ _TIME_HEX = 12  # an id's first hex digits: its creation time in ms
 def new_response_id(now: float | None = None) -> str:
     """`resp_` + 32 hex: the creation time in ms (12) and 80 random bits (20)."""
     ms = int((time.time() if now is None else now) * 1000)
-    return f"resp_{ms:0{_TIME_HEX}x}{uuid.uuid4().hex[:20]}"
+    return f"resp_{ms:0{_TIME_HEX}x}{os.urandom(10).hex()}"
 
 
 def minted_at(response_id: str) -> float | None:

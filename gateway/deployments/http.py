@@ -13,7 +13,6 @@ every request to a worker, is sent to chat (or text) completions.
 
 from __future__ import annotations
 
-import json
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -36,6 +35,7 @@ from gateway.observability.tracing import inject_trace_headers
 from workers.protocol.events import Event, Failed
 from workers.protocol.render import events_of_chunk, events_of_response, opened_of
 from workers.protocol.requests import OpenAIRequest
+from workers.protocol.wire_json import dumps, loads
 
 PASSTHROUGH_STATUSES = (400, 413, 422)
 
@@ -140,7 +140,7 @@ class HttpDeployment(Deployment):
             body["stream_options"] = {"include_usage": True}
         else:
             body.pop("stream_options", None)
-        return json.dumps(body, separators=(",", ":")).encode()
+        return dumps(body)
 
     def _post(self, body: bytes, chat: bool, request_id: str) -> Any:
         return self._pool.session.post(self._urls[chat], data=body,
@@ -247,7 +247,7 @@ def _upstream_error(raw: bytes) -> tuple[str | None, str | None]:
     """The message and code of an upstream error in OpenAI's (or Anthropic's) shape.
     Anthropic says a prompt is too long only in words: that is `context_length_exceeded`."""
     try:
-        error = json.loads(raw).get("error")
+        error = loads(raw).get("error")
     except (ValueError, AttributeError):
         return None, None
     if not isinstance(error, dict):
@@ -275,7 +275,7 @@ def _chunk_of(lines: list[bytes]) -> Any:
     if payload == b"[DONE]":
         return _DONE
     try:
-        return json.loads(payload)
+        return loads(payload)
     except ValueError:
         return payload
 
@@ -286,7 +286,7 @@ def _response_events(raw: bytes, call: Call) -> list[Event]:
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     try:
-        response = json.loads(raw)
+        response = loads(raw)
     except ValueError:
         response = None
     if not isinstance(response, dict):

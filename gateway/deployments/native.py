@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,6 +41,7 @@ from workers.protocol.events import (
     Usage,
 )
 from workers.protocol.requests import ChatCompletionRequest, OpenAIRequest
+from workers.protocol.wire_json import dumps
 
 PATHS: dict[NativeApi, str] = {"responses": "/responses", "messages": "/messages"}
 ANTHROPIC_VERSION = "2023-06-01"  # the `anthropic-version` header Messages upstreams expect
@@ -62,7 +63,7 @@ class Native:
 
     def upstream_body(self, model: str, *, stream: bool) -> bytes:
         body = {**self.body, "model": model, "stream": stream}
-        return json.dumps(body, separators=(",", ":")).encode()
+        return dumps(body)
 
     def upstream_headers(self, headers: Mapping[str, str]) -> Mapping[str, str]:
         """The deployment's headers for this call (lower-cased names, its auth among them):
@@ -85,19 +86,38 @@ def merged_betas(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in names if name))
 
 
-class NativeChat(ChatCompletionRequest):
-    """A canonical chat request that also carries its surface's native body."""
+MakeNative = Callable[[], Native]
 
-    _native: Native | None = PrivateAttr(default=None)
+
+class NativeChat(ChatCompletionRequest):
+    """A canonical chat request that also carries its surface's native body, or how to make
+    it: most requests go to deployments that translate, and the body costs a model dump."""
+
+    _native: Native | MakeNative | None = PrivateAttr(default=None)
 
 
 def native_of(request: OpenAIRequest) -> Native | None:
-    """The native body a surface attached to the canonical request, if any."""
-    return getattr(request, "_native", None)
+    """The native body a surface attached to the canonical request, if any (made once, on
+    the first ask)."""
+    native = getattr(request, "_native", None)
+    if native is None or isinstance(native, Native):
+        return native
+    made = native()
+    request._native = made  # type: ignore[union-attr]  # a NativeChat: it has a maker
+    return made
 
 
-def with_native(request: NativeChat, native: Native) -> NativeChat:
+def with_native(request: NativeChat, native: Native | MakeNative) -> NativeChat:
     request._native = native
+    return request
+
+
+def amend_native(request: NativeChat, change: Callable[[Native], Native]) -> NativeChat:
+    """The request's native body, once made, passed through `change` (nothing without one)."""
+    previous = request._native
+    if previous is not None:
+        request._native = lambda: change(previous if isinstance(previous, Native)
+                                         else previous())
     return request
 
 

@@ -29,8 +29,8 @@ drops them the same way.
 from __future__ import annotations
 
 import json
+import os
 import re
-import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
@@ -41,8 +41,8 @@ from gateway.deployments.native import (
     VERSION_HEADER,
     Native,
     NativeChat,
+    amend_native,
     merged_betas,
-    native_of,
     with_native,
 )
 from gateway.errors import APIError, anthropic_error_type
@@ -56,6 +56,7 @@ from workers.protocol.events import (
     Usage,
 )
 from workers.protocol.requests import ChatCompletionRequest, RequestError, request_error
+from workers.protocol.wire_json import dumps
 
 if TYPE_CHECKING:
     from starlette.datastructures import Headers
@@ -203,7 +204,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ChatCompletionRequest:
         chat = NativeChat.model_validate(_chat_body(body))
     except ValidationError as exc:
         raise _as_api_error(request_error(exc)) from None
-    return with_native(chat, Native("messages", body.model_dump(
+    return with_native(chat, lambda: Native("messages", body.model_dump(
         mode="json", by_alias=True, exclude_none=True, include=NATIVE_FIELDS)))
 
 
@@ -214,9 +215,7 @@ def with_headers(request: R, headers: Headers) -> R:
     version = _version(headers.getlist(VERSION_HEADER))
     betas = _betas(headers.getlist(BETA_HEADER))
     if isinstance(request, NativeChat) and (version is not None or betas):
-        native = native_of(request)
-        if native is not None:
-            with_native(request, replace(native, version=version, betas=betas))
+        amend_native(request, lambda native: replace(native, version=version, betas=betas))
     return request
 
 
@@ -390,7 +389,7 @@ def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
 
 
 def message_id(response_id: str) -> str:
-    return f"msg_{response_id.split('-', 1)[-1] or uuid.uuid4().hex}"
+    return f"msg_{response_id.split('-', 1)[-1] or os.urandom(16).hex()}"
 
 
 def _usage(usage: Usage | dict[str, Any] | None) -> dict[str, int]:
@@ -439,11 +438,11 @@ def _arguments(text: str) -> dict[str, Any]:
 
 
 def _tool_id() -> str:
-    return f"toolu_{uuid.uuid4().hex[:24]}"
+    return f"toolu_{os.urandom(12).hex()}"
 
 
 def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class StreamRenderer:

@@ -29,9 +29,8 @@ refuses it by name; no reasoning items or summaries are produced (`reasoning_tok
 
 from __future__ import annotations
 
-import json
+import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -57,6 +56,7 @@ from workers.protocol.requests import (
     RequestError,
     request_error,
 )
+from workers.protocol.wire_json import dumps
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -332,7 +332,7 @@ def build(body: ResponsesRequest, *, history: list[dict[str, Any]]) -> Responses
         echo=_echo(body, tools), input_items=items, history=history,
         previous_response_id=body.previous_response_id,
         store=body.store is not False, logprobs=logprobs)
-    with_native(request, native_body(body, [*history, *items], tools))
+    with_native(request, lambda: native_body(body, [*history, *items], tools))
     return request
 
 
@@ -512,13 +512,13 @@ def _text_part(kind: str, text: str) -> dict[str, Any]:
 
 
 def _message(role: str, content: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": role,
+    return {"type": "message", "id": f"msg_{os.urandom(16).hex()}", "role": role,
             "status": "completed", "content": content}
 
 
 def _id(raw: dict[str, Any], prefix: str) -> str:
     given = raw.get("id")
-    return given if isinstance(given, str) and given else f"{prefix}_{uuid.uuid4().hex}"
+    return given if isinstance(given, str) and given else f"{prefix}_{os.urandom(16).hex()}"
 
 
 def _output_text(output: str | list[dict[str, Any]], where: str) -> str:
@@ -715,12 +715,8 @@ async def keep(ticket: Ticket, fold: Fold) -> None:
         input_items=turn.input_items, history=turn.history)
 
 
-# One encoder for every event: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":")).encode
-
-
 def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + _encode(data).encode() + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class StreamRenderer:
@@ -758,7 +754,7 @@ class StreamRenderer:
         if self._started:
             return b""
         self._started = True
-        snapshot = _encode(self._snapshot("in_progress")).encode()  # written once, sent twice
+        snapshot = dumps(self._snapshot("in_progress"))  # written once, sent twice
         out = b""
         for kind in ("response.created", "response.in_progress"):
             out += (b"event: " + kind.encode() + b'\ndata: {"type":"' + kind.encode()
@@ -781,7 +777,7 @@ class StreamRenderer:
                 self._pieces.append(event.text)
                 seq = self._seq
                 self._seq += 1
-                return (self._delta_head + _encode(event.text).encode()
+                return (self._delta_head + dumps(event.text)
                         + b',"logprobs":[],"sequence_number":' + str(seq).encode() + b"}\n\n")
             return self._start() + self._content("output_text", event.text, logprobs)
         self._fold_text()
@@ -843,9 +839,9 @@ class StreamRenderer:
                      "content_index": len(item["content"]) - 1}
             out += self._event("response.content_part.added", **where, part=self._part)
             if kind == "output_text":
-                head = _encode({"type": "response.output_text.delta", **where})
+                head = dumps({"type": "response.output_text.delta", **where})
                 self._delta_head = (b"event: response.output_text.delta\ndata: "
-                                    + head[:-1].encode() + b',"delta":')
+                                    + head[:-1] + b',"delta":')
         if empty:
             return out
         where = {"item_id": item["id"], "output_index": len(self._items) - 1,

@@ -8,7 +8,6 @@ SSE chunk into events, once. A response folded from the events of a response is 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from workers.protocol.events import (
     Usage,
     aclose,
 )
+from workers.protocol.wire_json import dumps
 
 DONE = b"data: [DONE]\n\n"
 _PIECES = re.compile(r"\s*\S+|\s+")  # words with their leading space
@@ -32,13 +32,9 @@ _HEAD = ("id", "object", "created", "model", "choices", "usage")
 _MESSAGE_TYPED = ("role", "content", "tool_calls")
 
 
-# One encoder for every event: json.dumps with options builds a new one per call.
-_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
-
-
 def data(obj: dict[str, Any]) -> bytes:
     """One SSE event."""
-    return b"data: " + _encode(obj).encode() + b"\n\n"
+    return b"data: " + dumps(obj) + b"\n\n"
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -97,8 +93,8 @@ class StreamRenderer:
     def _chunk(self, choice: dict[str, Any]) -> bytes:
         """`{head, "choices": [choice], "usage": null}`, with the head written once."""
         if not self._prefix:
-            self._prefix = b"data: " + _encode(self._head)[:-1].encode() + b',"choices":['
-        return self._prefix + _encode(choice).encode() + self._suffix
+            self._prefix = b"data: " + dumps(self._head)[:-1] + b',"choices":['
+        return self._prefix + dumps(choice) + self._suffix
 
     def _choice(self, event: TextDelta | ToolCallDelta | OtherDelta | Finished
                 ) -> dict[str, Any]:
