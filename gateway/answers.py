@@ -55,14 +55,18 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
     chat = isinstance(request, ChatCompletionRequest)
     renderer = surface.stream(request, ticket.call.prompt_tokens)
     log_prompts = ticket.gw.settings.log_prompts
-    fold = Fold(chat=chat) if (use is not None and use.store) or log_prompts \
+    caching = use is not None and use.store
+    # A renderer that folds the answer itself (Responses') lends its fold; else one is made
+    # here where the cache, the prompt log or the surface's `keep` needs the whole answer.
+    own: Fold | None = getattr(renderer, "fold", None)
+    fold = own if own is not None else Fold(chat=chat) if caching or log_prompts \
         or surface.keep is not None else None
     broken = False
     events = answer.rest
     try:
         event = answer.first
         while True:
-            if fold is not None:
+            if fold is not None and own is None:
                 fold.add(event)
             raw = renderer.render(event)
             if raw:
@@ -85,7 +89,7 @@ async def _relay(ticket: Ticket, answer: Started, use: CacheUse | None, surface:
             await aclose(events)  # aborts the upstream if the client left
         finally:
             ticket.close(status)
-    if fold is not None and status == "ok" and fold.complete:
+    if (caching or log_prompts) and fold is not None and status == "ok" and fold.complete:
         response = fold.response()
         if log_prompts:
             log_completion(response)

@@ -742,6 +742,12 @@ class StreamRenderer:
         self._messages = 0
         self._calls = 0
 
+    @property
+    def fold(self) -> Fold:
+        """The answer so far, folded (the relay's, for the cache and `keep`: one fold)."""
+        self._fold_text()
+        return self._fold
+
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, **fields, "sequence_number": self._seq}
         self._seq += 1

@@ -150,7 +150,9 @@ async def sse(events: AsyncIterator[Event], *, chat: bool, include_usage: bool
 
 
 class Renderer(Protocol):
-    """One answer's events as a surface's stream (OpenAI's, Anthropic's, ...)."""
+    """One answer's events as a surface's stream (OpenAI's, Anthropic's, ...). One that folds
+    the answer for itself may lend it as `fold` (a `Fold` of every event rendered so far), so
+    the relay does not fold it twice (`gateway.answers`)."""
 
     def render(self, event: Event) -> bytes: ...
 
