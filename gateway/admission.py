@@ -8,18 +8,19 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from gateway.budgets import tenant_budget
 from gateway.deployments.base import Call
 from gateway.deployments.config import Price
 from gateway.errors import APIError, unavailable
 from gateway.observability.metrics import OTHER
 from gateway.observability.tracing import annotate
 from tenancy.context import KeyContext
-from tenancy.limits import AdmissionRequest, Budget, Decision, Limits
+from tenancy.limits import AdmissionRequest, Decision, Limits
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
@@ -54,20 +55,6 @@ def limit_scopes(key: KeyContext) -> tuple[tuple[str, Limits], ...]:
         (f"tenant:{key.tenant_id}",
          Limits(rpm=plan.rpm, tpm=plan.tpm, max_concurrent=plan.max_concurrent)),
     )
-
-
-def tenant_budget(tenant_id: str, cap_micros: int, period: str,
-                  now: datetime | None = None) -> Budget:
-    """The budget counter of a tenant's current period (UTC calendar day or month)."""
-    now = now or datetime.now(UTC)
-    if period == "day":
-        return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m-%d"), 2 * 86400)
-    return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m"), 33 * 86400)
-
-
-def period_start(period: str, now: datetime) -> datetime:
-    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    return start if period == "day" else start.replace(day=1)
 
 
 def ratelimit_headers(decision: Decision) -> dict[str, str]:

@@ -12,12 +12,25 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing.ledger import spent_by_tenant
-from gateway.admission import period_start, tenant_budget
 from tenancy.limits import Budget, Limiter
 from tenancy.plans import budgeted_tenants
 from workers.periodic import Periodic
 
 logger = logging.getLogger(__name__)
+
+
+def tenant_budget(tenant_id: str, cap_micros: int, period: str,
+                  now: datetime | None = None) -> Budget:
+    """The budget counter of a tenant's current period (UTC calendar day or month)."""
+    now = now or datetime.now(UTC)
+    if period == "day":
+        return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m-%d"), 2 * 86400)
+    return Budget(f"tenant:{tenant_id}", cap_micros, now.strftime("%Y-%m"), 33 * 86400)
+
+
+def period_start(period: str, now: datetime) -> datetime:
+    start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return start if period == "day" else start.replace(day=1)
 
 
 async def ledger_spend(sessionmaker: async_sessionmaker[AsyncSession], now: datetime

@@ -1,12 +1,36 @@
-"""The File and Batch objects as OpenAI's API shows them (what the `openai` client parses)."""
+"""The File and Batch objects as OpenAI's API shows them (what the `openai` client parses), and
+a tenant's own file by id, as the Files and Batches routes both look it up."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.errors import APIError, not_found
+from tenancy import batches as rows
 from tenancy.batches import Batch, StoredFile
+
+FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
+
+
+def no_such_file(file_id: str, param: str = "file_id") -> APIError:
+    return not_found(f"No such File object: '{file_id}'.", param=param)
+
+
+async def own_file(session: AsyncSession, tenant_id: str, file_id: str,
+                   param: str = "file_id") -> StoredFile:
+    """The tenant's file; anyone else's, or a malformed id, is as missing as one never
+    issued (and a malformed id costs no query)."""
+    row = None
+    if FILE_ID.match(file_id):
+        row = await rows.get_file(session, tenant_id=tenant_id, file_id=file_id)
+    if row is None:
+        raise no_such_file(file_id, param)
+    return row
 
 
 def timestamp(at: datetime | None) -> int | None:

@@ -13,11 +13,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.batches.endpoints import ENDPOINTS
-from gateway.batches.objects import batch_json, page
+from gateway.batches.objects import batch_json, own_file, page
 from gateway.batches.worker import BatchWorker, expires_at, request_cancel
 from gateway.deps import SessionDep, TenantDep
 from gateway.errors import APIError, bad_request, conflict, not_found
-from gateway.routes.files import own_file
 from tenancy import batches as rows
 from tenancy.batches import Batch, new_batch_id
 

@@ -6,7 +6,6 @@ bounded by `max_file_bytes` (413)."""
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import PurePath
 from typing import Annotated, Any, Literal
 
@@ -14,37 +13,20 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from gateway.batches.files import FileStore, FileTooLarge
-from gateway.batches.objects import file_json, page
+from gateway.batches.objects import file_json, no_such_file, own_file, page
 from gateway.deps import SessionDep, StateDep, TenantDep
-from gateway.errors import APIError, bad_request, conflict, not_found
+from gateway.errors import APIError, bad_request, conflict
 from gateway.state import GatewayState
 from tenancy import batches as rows
 from tenancy.batches import StoredFile, new_file_id
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 FILES_PATH = "/v1/files"  # uploads: authenticated before the body, their own size bound
-FILE_ID = re.compile(r"^file-[0-9a-f]{32}$")
 MAX_FILENAME_CHARS = 255
 
 
 def store(state: GatewayState) -> FileStore:
     return FileStore(state.settings.files_dir)
-
-
-def no_such_file(file_id: str, param: str = "file_id") -> APIError:
-    return not_found(f"No such File object: '{file_id}'.", param=param)
-
-
-async def own_file(session: SessionDep, tenant_id: str, file_id: str,
-                   param: str = "file_id") -> StoredFile:
-    """The tenant's file; anyone else's, or a malformed id, is as missing as one never
-    issued (and a malformed id costs no query)."""
-    row = None
-    if FILE_ID.match(file_id):
-        row = await rows.get_file(session, tenant_id=tenant_id, file_id=file_id)
-    if row is None:
-        raise no_such_file(file_id, param)
-    return row
 
 
 @router.post("")
