@@ -40,11 +40,15 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets readers run beside the single writer (several gateway processes on one
     # file); foreign keys are off by default in SQLite; the busy timeout turns lock
     # contention into a short wait instead of an immediate "database is locked".
+    # synchronous=NORMAL (SQLite's advice for WAL): a commit survives the death of the process
+    # but not a power loss, the usage outbox's own default (`billing.outbox`); never a corrupt
+    # file. FULL fsyncs every commit: about 0.9 ms of kernel CPU a commit on our VMs.
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
     finally:
         cursor.close()
 

@@ -11,12 +11,15 @@ from tenancy.db import is_sqlite, make_engine, make_sessionmaker
 
 
 async def test_sqlite_connections_get_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:
+    """WAL with synchronous NORMAL (1): a commit is not fsynced (FULL is 2), as the usage
+    outbox's records are not by default."""
     engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
     try:
         async with engine.connect() as conn:
             assert (await conn.scalar(text("PRAGMA journal_mode"))) == "wal"
             assert (await conn.scalar(text("PRAGMA foreign_keys"))) == 1
             assert (await conn.scalar(text("PRAGMA busy_timeout"))) >= 1000
+            assert (await conn.scalar(text("PRAGMA synchronous"))) == 1
     finally:
         await engine.dispose()
 
