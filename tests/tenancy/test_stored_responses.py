@@ -69,10 +69,13 @@ async def test_a_queued_write_is_found_at_once_on_its_replica_and_soon_on_anothe
 
     started = time.monotonic()
     release = asyncio.ensure_future(release_soon())
-    found_here, found_there = await asyncio.gather(here.find(rid, mine), there.find(rid, mine))
+    found_here = await here.find(rid, mine)  # from the queue: no wait for the held write
+    assert time.monotonic() - started < 0.2 and not held.is_set()
+    found_there = await there.find(rid, mine)  # the other replica: once it is written
     await release
     assert found_here is not None and found_there is not None
     assert found_here.body == {"id": rid, "output": []} and found_there.input_items
+    assert found_here.input_items == found_there.input_items == [{"type": "message"}]
     assert 0.25 < time.monotonic() - started < stored_responses.FRESH_S
 
     # Another tenant never sees it, and waits as for an unknown fresh id.
@@ -133,3 +136,22 @@ async def test_answers_kept_one_after_another_share_a_transaction(replicas, monk
     assert (len(tasks), counting.opened) == (1, 1)
     found = await asyncio.gather(*(keeper.find(rid, mine) for rid in ids))
     assert [f.id for f in found] == ids
+
+
+async def test_deleting_a_queued_response_waits_for_its_write(replicas, monkeypatch):
+    """A delete that ran before the queued insert would be undone by it. Another tenant
+    neither reads nor deletes it from the queue."""
+    makers, mine, theirs, spawn_held, held = replicas
+    monkeypatch.setattr(stored_responses, "FRESH_S", 0.2)
+    keeper = Keeper(makers[0], spawn_held)
+    rid = new_response_id()
+    keeper.keep(**row(rid, mine))
+    assert await keeper.find(rid, theirs) is None
+    assert not await keeper.remove(rid, theirs)
+    removing = asyncio.ensure_future(keeper.remove(rid, mine))
+    await asyncio.sleep(0.1)
+    assert not removing.done()  # waiting for the held write
+    held.set()
+    assert await removing
+    assert await keeper.find(rid, mine) is None
+    assert await Keeper(makers[1], spawn_held).find(rid, mine) is None
