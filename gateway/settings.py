@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
@@ -197,6 +198,22 @@ class Settings(BaseSettings):
     # --- Console (docs/console.md): the admin web console at /console --------------------
     console_session_ttl_s: float = 8 * 3600.0  # a sign-in lasts this long, then sign in again
     console_max_sessions: int = 10_000  # per process; the oldest session goes first
+
+    @model_validator(mode="after")
+    def _no_flat_engine_names(self) -> Settings:
+        """An engine argument set the flat way (SWITCHBOARD_EMBEDDED_MAX_NUM_SEQS, as before
+        the settings nested `EngineArgs`) would be ignored in silence: a startup error that
+        names the variable to set instead."""
+        prefix = "SWITCHBOARD_EMBEDDED_"
+        for name in os.environ:
+            upper = name.upper()
+            if not upper.startswith(prefix) or upper.startswith(prefix + "_"):
+                continue
+            field = upper.removeprefix(prefix).lower()
+            if field in EmbeddedModel.model_fields:
+                raise ValueError(f"{name} is not read: engine settings nest, set "
+                                 f"SWITCHBOARD_EMBEDDED__{field.upper()} instead")
+        return self
 
     def embedded_engines(self) -> dict[str, EmbeddedModel]:
         """The embedded engines by deployment name ("embedded", then "embedded-<name>"),

@@ -62,3 +62,14 @@ def test_several_embedded_models_each_a_deployment(monkeypatch):
     assert engines["embedded-a"].tier == "standard"
     assert engines["embedded-a"].engine_kwargs()["kv_cache_memory"] == 1024
     assert engines["embedded-a"].enable_lora and not engines["embedded-b"].enable_lora
+
+
+def test_a_flat_engine_setting_is_an_error_that_names_the_nested_one(monkeypatch):
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_MAX_NUM_SEQS", "7")
+    with pytest.raises(ValidationError, match="set SWITCHBOARD_EMBEDDED__MAX_NUM_SEQS instead"):
+        Settings()
+    monkeypatch.delenv("SWITCHBOARD_EMBEDDED_MAX_NUM_SEQS")
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED__MAX_NUM_SEQS", "7")
+    monkeypatch.setenv("SWITCHBOARD_EMBEDDED_MODELS", "[]")  # a setting of its own, not nested
+    settings = Settings()
+    assert settings.embedded.max_num_seqs == 7 and settings.embedded_models == []
