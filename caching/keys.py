@@ -32,9 +32,13 @@ MAX_SEMANTIC_CHARS = 1000
 _PROMPT_ROLES = ("system", "developer")
 
 
-def exact_key(*, tenant_id: str, model_key: str, chat: bool, body: Mapping[str, Any]) -> str:
-    """sha256 hex of everything that determines the answer, tenant and model first."""
-    doc = _header("exact", tenant_id, model_key, chat, body)
+def exact_key(*, tenant_id: str, model_key: str, chat: bool, body: Mapping[str, Any],
+              variant: Mapping[str, Any] | None = None) -> str:
+    """sha256 hex of everything that determines the answer, tenant and model first.
+
+    `variant`: what the client asked outside the body that may change the answer (Messages'
+    `anthropic-version` and `anthropic-beta`); None or empty leaves the key as without it."""
+    doc = _header("exact", tenant_id, model_key, chat, body, variant)
     if chat:
         doc["messages"] = [_message(m) for m in _messages(body)]
     else:
@@ -51,13 +55,14 @@ def is_deterministic(body: Mapping[str, Any]) -> bool:
 
 
 def semantic_scope(*, tenant_id: str, model_key: str, chat: bool,
-                   body: Mapping[str, Any]) -> str:
+                   body: Mapping[str, Any], variant: Mapping[str, Any] | None = None) -> str:
     """Hash of everything but the question: only requests in one scope may match semantically.
 
     That is the tenant, model, system/developer prompts, the conversation before (and after)
-    the last user message, and every output-changing parameter.
+    the last user message, every output-changing parameter, and the `variant` (as in
+    `exact_key`).
     """
-    doc = _header("semantic", tenant_id, model_key, chat, body)
+    doc = _header("semantic", tenant_id, model_key, chat, body, variant)
     if chat:
         messages = [_message(m) for m in _messages(body)]
         last = _last_user_index(messages)
@@ -87,13 +92,16 @@ def semantic_text(*, chat: bool, body: Mapping[str, Any]) -> str | None:
 
 
 def _header(kind: str, tenant_id: str, model_key: str, chat: bool,
-            body: Mapping[str, Any]) -> dict[str, Any]:
+            body: Mapping[str, Any], variant: Mapping[str, Any] | None) -> dict[str, Any]:
     params = {name: _param(name, body.get(name)) for name in OUTPUT_PARAMS}
     shaping = {name: _plain(value) for name, value in body.items()
                if value is not None and name not in DELIVERY_FIELDS
                and name not in OUTPUT_PARAMS}
-    return {"v": 1, "kind": kind, "tenant": tenant_id, "model": model_key, "chat": bool(chat),
-            "params": params, "shaping": shaping}
+    doc = {"v": 1, "kind": kind, "tenant": tenant_id, "model": model_key, "chat": bool(chat),
+           "params": params, "shaping": shaping}
+    if variant:  # only then: every other request's key is as it always was
+        doc["variant"] = _plain(variant)
+    return doc
 
 
 def _param(name: str, value: Any) -> Any:

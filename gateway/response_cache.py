@@ -22,6 +22,7 @@ from caching.embedder import Embedder
 from caching.exact import ExactCache
 from caching.keys import exact_key, is_deterministic, semantic_scope, semantic_text
 from caching.semantic import DEFAULT_THRESHOLD, SemanticCache
+from gateway.deployments.native import cache_variant
 from tenancy.context import KeyContext
 from workers.protocol.requests import OpenAIRequest
 
@@ -75,14 +76,19 @@ class ResponseCache:
         if not (lookup or store):
             return None
         tenant = key.tenant_id
+        # Messages' anthropic-version and anthropic-beta, where the client gave them: a beta
+        # can change what a native upstream answers, so it is another entry (None: any other
+        # request, keyed as it always was).
+        variant = cache_variant(request)
         use = CacheUse(tenant, lookup, store,
-                       exact_key(tenant_id=tenant, model_key=model_key, chat=chat, body=body),
+                       exact_key(tenant_id=tenant, model_key=model_key, chat=chat, body=body,
+                                 variant=variant),
                        ttl_s=float(key.plan.cache_ttl_s or self.default_ttl_s))
         if mode == "semantic":
             use.text = semantic_text(chat=chat, body=body)
             if use.text is not None:
                 use.scope = semantic_scope(tenant_id=tenant, model_key=model_key, chat=chat,
-                                           body=body)
+                                           body=body, variant=variant)
                 use.threshold = key.semantic_threshold(self.default_threshold)
         return use
 

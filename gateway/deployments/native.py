@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from pydantic import PrivateAttr
@@ -94,6 +94,10 @@ class NativeChat(ChatCompletionRequest):
     it: most requests go to deployments that translate, and the body costs a model dump."""
 
     _native: Native | MakeNative | None = PrivateAttr(default=None)
+    # What the client asked beside the body that a native upstream is sent and that can
+    # change its answer (Messages' version and betas): the response cache keys on it
+    # (`cache_variant`) without making the native body. None: nothing asked.
+    _variant: dict[str, Any] | None = PrivateAttr(default=None)
 
 
 def native_of(request: OpenAIRequest) -> Native | None:
@@ -110,6 +114,26 @@ def native_of(request: OpenAIRequest) -> Native | None:
 def with_native(request: NativeChat, native: Native | MakeNative) -> NativeChat:
     request._native = native
     return request
+
+
+def with_client_headers(request: NativeChat, version: str | None,
+                        betas: tuple[str, ...]) -> NativeChat:
+    """The client's Messages `anthropic-version` and `anthropic-beta` (as the surface checked
+    them) on the request: sent with its native body (`Native.upstream_headers`), and part of
+    its response cache key (`cache_variant`; the betas as a set, their order changing
+    nothing), since a beta or a version can change what a native upstream answers. Neither
+    given: the request is left as it was, its key too."""
+    if version is None and not betas:
+        return request
+    request._variant = {VERSION_HEADER: version, BETA_HEADER: sorted(betas)}
+    return amend_native(request, lambda native: replace(native, version=version, betas=betas))
+
+
+def cache_variant(request: OpenAIRequest) -> Mapping[str, Any] | None:
+    """What the client asked in headers that the request's answer may depend on, for the
+    response cache's key (None for all but a Messages request that gave a version or betas:
+    chat, completions and Responses keys are as they were)."""
+    return getattr(request, "_variant", None)
 
 
 def amend_native(request: NativeChat, change: Callable[[Native], Native]) -> NativeChat:

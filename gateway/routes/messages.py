@@ -25,7 +25,8 @@ routes = [surface_route("/v1/messages", MESSAGES)]
 async def count_tokens(request: Request) -> JSONResponse:
     """The prompt's tokens on the deployment the model routes to: exact where its tokenizer
     runs here (in a thread), the admission estimate for an upstream. It counts against the
-    key's RPM (tokenizing is work), and reserves no tokens."""
+    key's RPM (tokenizing is work), and reserves no tokens. The client's `anthropic-version`
+    and `anthropic-beta` are checked as on /v1/messages (a 400 naming the header)."""
     gw: GatewayState = request.app.state.gateway
     key = await gw.keys.tenant(credentials(request, MESSAGES))
     admission = AdmissionRequest(request_id=f"count-{uuid.uuid4().hex}",
@@ -33,7 +34,8 @@ async def count_tokens(request: Request) -> JSONResponse:
     await admit(gw, admission, key=key, model=OTHER, adapter=False)
     gw.spawn(gw.limiter.settle(admission, tokens=0, cost_micros=0))
     async with counted_if_refused(gw, key):
-        body = anthropic.parse(await request.body(), count_only=True)
+        body = anthropic.with_headers(anthropic.parse(await request.body(), count_only=True),
+                                      request.headers)
         plan = await plan_route(gw.deployments, gw.adapters, key, body.model,
                                 tier=asked_tier(request.headers), logprobs=False, request=body)
 

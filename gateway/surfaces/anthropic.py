@@ -23,7 +23,8 @@ A native Messages upstream is sent both with the call (the version in place of t
 has no use for them: the engine, workers and chat upstreams serve no beta (what a beta
 unlocks in the body, such as `thinking` or server tools, is refused by name as without it),
 so they are not forwarded there, and a fallback from a native deployment to a translated one
-drops them the same way.
+drops them the same way. The response cache keys on both where given (a request with a beta
+is never answered with one cached without it), and count_tokens checks them the same way.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,8 +41,8 @@ from gateway.deployments.native import (
     VERSION_HEADER,
     Native,
     NativeChat,
-    amend_native,
     merged_betas,
+    with_client_headers,
     with_native,
 )
 from gateway.errors import APIError, anthropic_error_type
@@ -211,11 +211,12 @@ def parse(raw: bytes, *, count_only: bool = False) -> ChatCompletionRequest:
 def with_headers(request: R, headers: Headers) -> R:
     """The client's `anthropic-version` and `anthropic-beta` checked (a 400 naming the header
     otherwise) and carried on the request's native body, for an upstream that speaks
-    Messages."""
+    Messages, and in its response cache key (`native.with_client_headers`). The Messages
+    route and `/v1/messages/count_tokens` both check them here."""
     version = _version(headers.getlist(VERSION_HEADER))
     betas = _betas(headers.getlist(BETA_HEADER))
-    if isinstance(request, NativeChat) and (version is not None or betas):
-        amend_native(request, lambda native: replace(native, version=version, betas=betas))
+    if isinstance(request, NativeChat):
+        with_client_headers(request, version, betas)
     return request
 
 

@@ -192,3 +192,24 @@ def test_semantic_text_for_completions() -> None:
         "Why is the sky blue?")
     assert semantic_text(chat=False, body={"prompt": [1, 2, 3]}) is None
     assert semantic_text(chat=False, body={"prompt": ["a", "b"]}) is None
+
+
+def test_a_variant_changes_the_key_and_scope_and_none_leaves_them_as_they_were() -> None:
+    """Messages' anthropic-version and anthropic-beta (`variant`) can change a native
+    upstream's answer: each is another entry; without one the key is the one it always was."""
+    beta = {"anthropic-version": None, "anthropic-beta": ["prompt-caching-2024-07-31"]}
+    version = {"anthropic-version": "2024-10-22", "anthropic-beta": []}
+
+    def keyed(variant: dict[str, Any] | None) -> tuple[str, str]:
+        return (exact_key(tenant_id="t1", model_key="m1", chat=True, body=CHAT,
+                          variant=variant),
+                semantic_scope(tenant_id="t1", model_key="m1", chat=True, body=CHAT,
+                               variant=variant))
+
+    plain = (key(CHAT), scope(CHAT))
+    assert keyed(None) == keyed({}) == plain
+    assert keyed(dict(beta)) == keyed(dict(beta))
+    both = {"anthropic-version": "2024-10-22", "anthropic-beta": beta["anthropic-beta"]}
+    seen = {plain, keyed(beta), keyed(version), keyed(both),
+            keyed({**beta, "anthropic-beta": [*beta["anthropic-beta"], "other-beta"]})}
+    assert len({k for k, _ in seen}) == len({s for _, s in seen}) == 5

@@ -23,6 +23,7 @@ from tenancy.models import UsageRecord
 from tests.gateway.support import Seeded, bearer, in_process, seed_tenant, settings
 
 MODEL = "chat"
+NATIVE = "claude"  # a deployment that speaks Anthropic's Messages natively
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
@@ -65,9 +66,13 @@ class World:
 async def world(request, sqlite_url, tmp_path, upstream) -> AsyncIterator[World]:
     upstream.mock.stats = MockStats()
     path = tmp_path / "routing.yaml"
-    path.write_text(yaml.safe_dump({"deployments": [{
-        "name": "up", "model_name": MODEL, "provider": "openai", "base_url": upstream.base_url,
-        "input_price_per_1m": "1000", "output_price_per_1m": "2000"}]}))
+    prices = {"input_price_per_1m": "1000", "output_price_per_1m": "2000"}
+    path.write_text(yaml.safe_dump({"deployments": [
+        {"name": "up", "model_name": MODEL, "provider": "openai", "base_url": upstream.base_url,
+         **prices},
+        # the same upstream, sent /v1/messages as it is (with the client's Anthropic headers)
+        {"name": "up-messages", "model_name": NATIVE, "provider": "openai",
+         "base_url": upstream.base_url, "native_apis": ["messages"], **prices}]}))
     redis = REDIS_URL if request.param == "redis" else ""
     cfg = settings(sqlite_url, tmp_path, deployments_file=path, redis_url=redis)
     tenants = {
@@ -248,3 +253,42 @@ async def test_failed_and_cut_answers_are_never_cached(world):
         world.upstream.mock.mode = MockMode()
     await settle(world)
     assert cache_of(await world.chat("cut me", tenant="plain")) == ("miss", None)
+
+
+async def test_anthropic_betas_and_version_are_part_of_a_messages_key(world):
+    """A native Messages upstream is sent the client's anthropic-beta and anthropic-version,
+    and a beta can change its answer: the same request with other betas (or none, or another
+    version) is another entry, exact and semantic; the same betas, in any order, hit."""
+    beta, other = "prompt-caching-2024-07-31", "token-efficient-tools-2025-02-19"
+
+    async def message(content: str, tenant: str = "plain", **headers: str) -> httpx.Response:
+        return await world.client.post("/v1/messages", json={
+            "model": NATIVE, "max_tokens": 20, "temperature": 0,
+            "messages": [{"role": "user", "content": content}]}, headers={
+            **bearer(world.tenants[tenant].key),
+            **{name.replace("_", "-"): value for name, value in headers.items()}})
+
+    question = "What is the capital of France?"
+    assert cache_of(await message(question)) == ("miss", None)
+    await settle(world)
+    assert cache_of(await message(question)) == ("hit", "exact")
+    assert cache_of(await message(question, anthropic_beta=beta)) == ("miss", None)
+    assert world.upstream.mock.last_request["headers"]["anthropic-beta"] == beta
+    await settle(world)
+    assert cache_of(await message(question, anthropic_beta=beta)) == ("hit", "exact")
+    assert cache_of(await message(question, anthropic_beta=f"{beta},{other}")) == ("miss", None)
+    await settle(world)
+    assert cache_of(await message(question, anthropic_beta=f"{other}, {beta}")) == (
+        "hit", "exact")  # the same set of betas
+    assert cache_of(await message(question, anthropic_version="2024-10-22")) == ("miss", None)
+    await settle(world)
+    assert cache_of(await message(question, anthropic_version="2024-10-22")) == ("hit", "exact")
+    assert cache_of(await message(question)) == ("hit", "exact")  # the first is still its own
+    assert world.upstream_calls == 4
+    # Semantic (plan "a"): a paraphrase is matched within the same betas only.
+    assert cache_of(await message(question, "a", anthropic_beta=beta)) == ("miss", None)
+    await settle(world)
+    paraphrase = "What's the capital city of France?"
+    assert cache_of(await message(paraphrase, "a")) == ("miss", None)
+    assert cache_of(await message(paraphrase, "a", anthropic_beta=other)) == ("miss", None)
+    assert cache_of(await message(paraphrase, "a", anthropic_beta=beta)) == ("hit", "semantic")

@@ -358,6 +358,34 @@ async def test_a_bad_header_is_a_400_in_anthropics_shape_and_nothing_goes_upstre
     assert served.mocks["chat"].mock.stats.requests == 0
 
 
+@pytest.mark.parametrize(("header", "values"), [
+    ("anthropic-beta", ["a;b"]),
+    ("anthropic-beta", ["x-api-key: sk-stolen"]),
+    ("anthropic-beta", ["a" * 600, "b" * 600]),
+    ("anthropic-version", ["2023-06-01", "2024-10-22"]),
+    ("anthropic-version", [""]),
+])
+async def test_count_tokens_checks_the_headers_as_messages_does(served, header, values):
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{served.port}") as client:
+        async def count(headers: list[tuple[str, Any]]) -> httpx.Response:
+            return await client.post("/v1/messages/count_tokens", json={
+                "model": "native", "messages": HELLO["messages"]}, headers=[
+                ("x-api-key", served.tenant.key), *headers])
+
+        response = await count([(header, value) for value in values])
+        assert response.status_code == 400
+        body = response.json()
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+        assert body["error"]["message"].startswith(f"{header}:")
+        assert "sk-stolen" not in response.text
+        for good in ([], [("anthropic-version", "2023-06-01"),
+                          ("anthropic-beta", f"{BETAS[0]},{BETAS[1]}")]):
+            response = await count(good)
+            assert response.status_code == 200, response.text
+            assert response.json()["input_tokens"] > 0
+    assert served.mocks["native"].mock.stats.requests == 0  # counted here, as before
+
+
 async def test_a_translated_request_takes_the_betas_and_does_not_forward_them(served):
     response = await post_message(served, "plain", [("anthropic-beta", ",".join(BETAS)),
                                                     ("anthropic-version", "2024-10-22")])
