@@ -9,7 +9,9 @@ and an error file in OpenAI's line shape.
     lines      one input line checked like a live request (pure; unit tested)
     files      tenants' files on disk (metadata in `tenancy.batches`)
     objects    the File and Batch objects as the API shows them
-    worker     the background worker: leases, fair dispatch, partial outputs, resume
+    worker     the background worker: leases, fair dispatch, resume
+    run        one batch as the worker runs it: lines to answer, counts, partial files
+    control    what the routes do to a batch: its window's end, a cancel
 
 docs/gateway.md, "Batches and files", says what a client sees.
 """

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.batches.control import expires_at, request_cancel
 from gateway.batches.endpoints import ENDPOINTS
 from gateway.batches.objects import batch_json, own_file, page
-from gateway.batches.worker import BatchWorker, expires_at, request_cancel
+from gateway.batches.worker import BatchWorker
 from gateway.deps import SessionDep, TenantDep
 from gateway.errors import APIError, bad_request, conflict, not_found
 from tenancy import batches as rows

@@ -26,7 +26,8 @@ from gateway.app import create_app
 from gateway.batches import lines
 from gateway.batches.endpoints import ENDPOINTS
 from gateway.batches.files import FileStore
-from gateway.batches.worker import BatchWorker, Pending, Run, usage_of
+from gateway.batches.run import Pending, Run, usage_of
+from gateway.batches.worker import BatchWorker
 from gateway.errors import APIError
 from gateway.settings import Settings
 from tenancy.batches import Batch

@@ -1,7 +1,7 @@
 """Batches of the Batch API, every tenant's or one tenant's: status, counts, files and tokens
 so far, newest first in keyset pages; an open batch can be cancelled.
 
-Reads go through `tenancy.batches` and the cancel through `gateway.batches.worker
+Reads go through `tenancy.batches` and the cancel through `gateway.batches.control
 .request_cancel`, exactly what `/v1/batches/{id}/cancel` calls, so a console cancel is an API
 cancel. The console is the operators' view, so the list spans tenants; a cancel still names
 the batch's own tenant in its URL, and any other tenant's id answers 404, as the API does.
@@ -17,8 +17,9 @@ from urllib.parse import urlencode
 from fastapi import Request
 from starlette.responses import RedirectResponse, Response
 
+from gateway.batches.control import CANCELLABLE, request_cancel
 from gateway.batches.objects import Progress
-from gateway.batches.worker import CANCELLABLE, BatchWorker, request_cancel
+from gateway.batches.worker import BatchWorker
 from gateway.console.auth import AdminSession, SignedIn
 from gateway.console.forms import FormReader
 from gateway.console.render import is_htmx, page
