@@ -1,17 +1,12 @@
-"""OpenAI's Responses API as a surface: its body parsed into the canonical chat request, the
-answer's events rendered as its Response object (whole) or its typed server-sent events, and
-the answer kept for the tenant (`store`, the default) so `previous_response_id`, `GET` and
-`DELETE /v1/responses/{id}` find it (`tenancy.stored_responses`).
+"""A Responses body checked and translated into the canonical chat request.
 
-Nothing else differs from chat completions: the same admission, cache, routing, dispatch and
-settlement serve both (`gateway.request_path`). A deployment whose upstream serves Responses
-(an `openai` deployment with `native_apis: [responses]`, a litellm `openai` provider at
-OpenAI's own endpoint) is sent the request as a Responses body (`Native`, built here from the
-validated fields: the conversation expanded into input items, `store: false`, never
-`previous_response_id` or `metadata`, as the gateway keeps the responses) and its answer is read
-into the same events (`gateway.deployments.native`); the response id, the stored copy and the
-rendering stay the gateway's. Every other deployment gets it translated to chat: input items
-become chat messages
+A deployment whose upstream serves Responses (an `openai` deployment with
+`native_apis: [responses]`, a litellm `openai` provider at OpenAI's own endpoint) is sent the
+request as a Responses body (`Native`, built here from the validated fields: the conversation
+expanded into input items, `store: false`, never `previous_response_id` or `metadata`, as the
+gateway keeps the responses) and its answer is read into the same events
+(`gateway.deployments.native`); the response id, the stored copy and the rendering stay the
+gateway's. Every other deployment gets it translated to chat: input items become chat messages
 (`function_call` items an assistant message's `tool_calls`, `function_call_output` items
 `tool` messages); `instructions` a system message first; `text.format` the response format;
 `max_output_tokens` max_tokens. A continuation (`previous_response_id`) is the stored
@@ -31,47 +26,35 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import ValidationError
 
-from gateway.deployments.native import Native, NativeChat, with_native
+from gateway.deployments.native import Native, with_native
 from gateway.errors import APIError, bad_request, not_found
+from gateway.surfaces.responses.schema import (
+    INCLUDABLE,
+    LOGPROBS,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    ImagePart,
+    MessageItem,
+    RefusalPart,
+    ResponsesRequest,
+    TextFormat,
+    TextPart,
+)
+from gateway.surfaces.responses.store import kept
+from gateway.surfaces.responses.turn import ResponsesChat, Turn
 from tenancy import stored_responses
-from workers.protocol.events import (
-    Event,
-    Failed,
-    OtherDelta,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
-)
-from workers.protocol.render import Fold
-from workers.protocol.requests import (
-    ChatCompletionRequest,
-    FunctionName,
-    Name,
-    OpenAIRequest,
-    RequestError,
-    request_error,
-)
-from workers.protocol.wire_json import dumps
+from workers.protocol.requests import ChatCompletionRequest, RequestError, request_error
 
 if TYPE_CHECKING:
     from gateway.state import GatewayState
-    from gateway.ticket import Ticket
     from tenancy.context import KeyContext
 
 
-PATH = "/v1/responses"
-# What `include` may name: output text logprobs are given; the rest concern items (built-in
-# tool calls, reasoning) this gateway never produces, so there is nothing to add for them.
-INCLUDABLE = ("file_search_call.results", "web_search_call.results",
-              "web_search_call.action.sources", "message.input_image.image_url",
-              "computer_call_output.output.image_url", "code_interpreter_call.outputs",
-              "reasoning.encrypted_content", "message.output_text.logprobs")
-LOGPROBS = "message.output_text.logprobs"
 # What a Responses upstream is sent of a request's own fields, as validated; `input` (the whole
 # conversation), `tools` and `store: false` are added (`native_body`), model and stream per call.
 NATIVE_FIELDS = frozenset({
@@ -80,158 +63,6 @@ NATIVE_FIELDS = frozenset({
     "reasoning", "include", "truncation", "service_tier", "max_tool_calls",
     "prompt_cache_retention"})
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
-
-
-class _Loose(BaseModel):
-    """Items and parts may carry fields this surface ignores (`status`, `phase`, ...)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class TextFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")] | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    description: str | None = None
-    strict: bool | None = None
-
-
-class TextConfig(_Strict):
-    format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
-
-
-class Reasoning(_Strict):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
-    summary: Literal["auto", "concise", "detailed"] | None = None
-    generate_summary: Literal["auto", "concise", "detailed"] | None = None
-
-
-class StreamOptions(_Strict):
-    include_obfuscation: bool | None = None  # nothing is obfuscated here
-
-
-class ResponsesRequest(_Strict):
-    """The body of POST /v1/responses."""
-
-    model: Annotated[str, Field(min_length=1, max_length=512)]
-    input: str | Annotated[list[dict[str, Any]], Field(max_length=10_000)] | None = None
-    instructions: str | None = None
-    tools: Annotated[list[dict[str, Any]], Field(max_length=128)] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    text: TextConfig | None = None
-    max_output_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    parallel_tool_calls: bool | None = None
-    user: Name | None = None
-    safety_identifier: Name | None = None
-    prompt_cache_key: Annotated[str, Field(max_length=1_024)] | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=64)],
-                             Annotated[str, Field(max_length=512)]],
-                        Field(max_length=16)] | None = None
-    reasoning: Reasoning | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    store: bool | None = None
-    previous_response_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-    include: Annotated[list[str], Field(max_length=16)] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
-    background: bool | None = None
-    max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # bounds built-in tools: none
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # a hint, unused
-    # Accepted, and refused by name when set.
-    conversation: Any = None
-    prompt: Any = None
-    context_management: Any = None
-
-
-class FunctionTool(_Loose):
-    type: Literal["function"]
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class MessageItem(_Loose):
-    type: Literal["message"] | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | Annotated[list[dict[str, Any]], Field(max_length=10_000)]
-
-
-class TextPart(_Loose):
-    type: Literal["input_text", "output_text"]
-    text: str
-
-
-class RefusalPart(_Loose):
-    type: Literal["refusal"]
-    refusal: str
-
-
-class ImagePart(_Loose):
-    type: Literal["input_image"]
-    image_url: str | None = None
-    file_id: str | None = None
-    detail: Literal["auto", "low", "high"] | None = None
-
-
-class FunctionCallItem(_Loose):
-    type: Literal["function_call"]
-    call_id: Annotated[str, Field(min_length=1, max_length=256)]
-    name: FunctionName
-    arguments: str
-
-
-class FunctionCallOutputItem(_Loose):
-    type: Literal["function_call_output"]
-    call_id: Annotated[str, Field(min_length=1, max_length=256)]
-    output: str | list[dict[str, Any]]
-
-
-@dataclass
-class Turn:
-    """What a Responses request carries beside its chat request: the response's id and
-    creation time, the parameters its Response object echoes, and the items it keeps."""
-
-    response_id: str
-    created_at: int
-    model: str
-    echo: dict[str, Any]
-    input_items: list[dict[str, Any]]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    previous_response_id: str | None = None
-    store: bool = True
-    logprobs: bool = False
-    completed_at: int | None = None
-    answer: dict[str, Any] | None = None  # the finished Response, once made (whole, kept)
-
-    @property
-    def hex(self) -> str:
-        return self.response_id.removeprefix("resp_")
-
-
-class ResponsesChat(NativeChat):
-    """The canonical chat request of a Responses request, carrying its `Turn` (and its native
-    body)."""
-
-    _turn: Turn | None = PrivateAttr(default=None)
-
-
-def turn_of(request: OpenAIRequest) -> Turn:
-    turn = getattr(request, "_turn", None)
-    if turn is None:
-        raise TypeError("not a Responses request")
-    return turn
-
-
-# ---- requests ------------------------------------------------------------------------------
 
 def validate(raw: bytes) -> ResponsesRequest:
     """The body checked (400 naming the field), with what this gateway refuses by name."""
@@ -585,338 +416,6 @@ def _chat_message(role: str, content: list[dict[str, Any]]) -> dict[str, Any]:
     return {"role": role, "content": parts}
 
 
-# ---- answers -------------------------------------------------------------------------------
-
-def status_of(reason: str | None) -> tuple[str, dict[str, Any] | None]:
-    """The Response's status and incomplete_details for a chat finish reason."""
-    if reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    if reason == "content_filter":
-        return "incomplete", {"reason": "content_filter"}
-    return "completed", None
-
-
-def usage_json(usage: Usage | None) -> dict[str, Any] | None:
-    if usage is None:
-        return None
-    return {"input_tokens": usage.prompt_tokens,
-            # cache writes cost nothing extra here (the engine's prefix cache is automatic)
-            "input_tokens_details": {"cached_tokens": usage.cached_tokens,
-                                     "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens}
-
-
-def error_json(failed: Failed) -> dict[str, Any]:
-    code = "rate_limit_exceeded" if failed.status == 429 else "server_error"
-    return {"code": code, "message": failed.message}
-
-
-def response_object(turn: Turn, *, status: str, output: list[dict[str, Any]],
-                    usage: dict[str, Any] | None, model: str | None = None,
-                    incomplete: dict[str, Any] | None = None,
-                    error: dict[str, Any] | None = None) -> dict[str, Any]:
-    finished = status in ("completed", "incomplete", "failed")
-    if finished and turn.completed_at is None:
-        turn.completed_at = int(time.time())
-    return {"id": turn.response_id, "object": "response", "created_at": turn.created_at,
-            "status": status, "background": False, "error": error,
-            "incomplete_details": incomplete, "model": model or turn.model, "output": output,
-            "usage": usage, "completed_at": turn.completed_at if status == "completed"
-            else None, **turn.echo}
-
-
-def message_id(turn: Turn, n: int = 0) -> str:
-    return f"msg_{turn.hex}" if n == 0 else f"msg_{turn.hex}_{n}"
-
-
-def call_item_id(turn: Turn, k: int) -> str:
-    return f"fc_{turn.hex}_{k}"
-
-
-def _text_content(text: str, logprobs: list[Any] | None) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [],
-            "logprobs": list(logprobs or [])}
-
-
-def output_of(turn: Turn, fold: Fold) -> tuple[list[dict[str, Any]], str, dict[str, Any] | None]:
-    """A folded answer's output items, status and incomplete_details: its message (text, a
-    refusal), then its function calls, the last item incomplete where the answer is."""
-    response = fold.response()
-    choice = (response.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
-    status, incomplete = status_of(choice.get("finish_reason"))
-    items: list[dict[str, Any]] = []
-    text, refusal = message.get("content") or "", message.get("refusal")
-    calls = message.get("tool_calls") or []
-    if text or refusal or not calls:
-        content = []
-        if text or not refusal:
-            logprobs = (choice.get("logprobs") or {}).get("content") if turn.logprobs else None
-            content.append(_text_content(text, logprobs))
-        if refusal:
-            content.append({"type": "refusal", "refusal": refusal})
-        items.append({"type": "message", "id": message_id(turn), "status": "completed",
-                      "role": "assistant", "content": content})
-    for k, call in enumerate(calls):
-        function = call.get("function") or {}
-        items.append({"type": "function_call", "id": call_item_id(turn, k),
-                      "call_id": call.get("id") or f"call_{turn.hex}_{k}",
-                      "name": function.get("name") or "",
-                      "arguments": function.get("arguments") or "", "status": "completed"})
-    if status == "incomplete" and items:
-        items[-1]["status"] = "incomplete"
-    return items, status, incomplete
-
-
-def from_fold(turn: Turn, fold: Fold) -> dict[str, Any]:
-    """A finished answer as the Response object, made once per request (the body, the stream's
-    last event and the stored copy are the same object)."""
-    if turn.answer is None:
-        turn.answer = _from_fold(turn, fold)
-    return turn.answer
-
-
-def _from_fold(turn: Turn, fold: Fold) -> dict[str, Any]:
-    items, status, incomplete = output_of(turn, fold)
-    model = fold.opened.model if fold.opened is not None else None
-    if fold.failed is not None:
-        return response_object(turn, status="failed", output=items, model=model,
-                               usage=usage_json(fold.usage), error=error_json(fold.failed))
-    return response_object(turn, status=status, output=items, usage=usage_json(fold.usage),
-                           model=model, incomplete=incomplete)
-
-
-def whole(request: OpenAIRequest, fold: Fold) -> dict[str, Any]:
-    return from_fold(turn_of(request), fold)
-
-
-def kept(gw: GatewayState) -> stored_responses.Keeper:
-    """The gateway's stored responses (writes queued off the answer's path, reads that see
-    them: `tenancy.stored_responses.Keeper`)."""
-    return stored_responses.Keeper(gw.sessionmaker, gw.spawn)
-
-
-async def keep(ticket: Ticket, fold: Fold) -> None:
-    """Store a finished answer for its tenant (unless `store` is false): queued before its
-    last byte leaves and written in the background, so a client that saw it complete finds it
-    (`Keeper.find` waits for the write). A failed write costs the client nothing but the
-    stored copy (logged)."""
-    turn = turn_of(ticket.call.request)
-    if not turn.store:
-        return
-    body = from_fold(turn, fold)
-    if body["status"] not in ("completed", "incomplete"):
-        return
-    kept(ticket.gw).keep(
-        response_id=turn.response_id, tenant_id=ticket.key.tenant_id, status=body["status"],
-        previous_response_id=turn.previous_response_id, body=body,
-        input_items=turn.input_items, history=turn.history)
-
-
-def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
-
-
-class StreamRenderer:
-    """One answer's events as the Responses stream: response.created and .in_progress, then
-    per output item output_item.added, (content_part.added, output_text.delta ... .done,
-    content_part.done) or function_call_arguments.delta ... .done, output_item.done; then
-    response.completed or response.incomplete with the whole Response (the same object
-    `whole` gives and the store keeps). A failure is an `error` and response.failed. Every
-    event carries its sequence_number."""
-
-    def __init__(self, request: OpenAIRequest, prompt_tokens: int) -> None:
-        self._turn = turn_of(request)
-        self._prompt_tokens = prompt_tokens
-        self._fold = Fold(chat=True)
-        self._seq = 0
-        self._started = False
-        self._items: list[dict[str, Any]] = []  # as streamed so far
-        self._open: dict[str, Any] | None = None  # the item open now
-        self._part: dict[str, Any] | None = None  # its open content part (a message's)
-        self._pieces: list[str] = []  # the open part's text so far
-        self._text: list[str] = []  # text not folded yet
-        self._delta_head = b""  # an output_text.delta event up to its delta, while one is open
-        self._messages = 0
-        self._calls = 0
-
-    @property
-    def fold(self) -> Fold:
-        """The answer so far, folded (the relay's, for the cache and `keep`: one fold)."""
-        self._fold_text()
-        return self._fold
-
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        data = {"type": kind, **fields, "sequence_number": self._seq}
-        self._seq += 1
-        return sse(kind, data)
-
-    def _snapshot(self, status: str) -> dict[str, Any]:
-        return response_object(self._turn, status=status, output=[], usage=None)
-
-    def _start(self) -> bytes:
-        if self._started:
-            return b""
-        self._started = True
-        snapshot = dumps(self._snapshot("in_progress"))  # written once, sent twice
-        out = b""
-        for kind in ("response.created", "response.in_progress"):
-            out += (b"event: " + kind.encode() + b'\ndata: {"type":"' + kind.encode()
-                    + b'","response":' + snapshot + b',"sequence_number":'
-                    + str(self._seq).encode() + b"}\n\n")
-            self._seq += 1
-        return out
-
-    def render(self, event: Event) -> bytes:
-        if isinstance(event, TextDelta) and event.index == 0:
-            logprobs = (event.logprobs or {}).get("content") if self._turn.logprobs else None
-            if logprobs:
-                self._fold_text()
-                self._fold.add(event)
-            else:
-                self._text.append(event.text)  # folded later, at once (`_fold_text`)
-            if not event.text:
-                return self._start()
-            if self._delta_head and not logprobs:  # the common case, written directly
-                self._pieces.append(event.text)
-                seq = self._seq
-                self._seq += 1
-                return (self._delta_head + dumps(event.text)
-                        + b',"logprobs":[],"sequence_number":' + str(seq).encode() + b"}\n\n")
-            return self._start() + self._content("output_text", event.text, logprobs)
-        self._fold_text()
-        self._fold.add(event)
-        out = self._start()
-        if isinstance(event, OtherDelta) and event.index == 0 and isinstance(
-                event.fields.get("refusal"), str) and event.fields["refusal"]:
-            out += self._content("refusal", event.fields["refusal"], None)
-        elif isinstance(event, ToolCallDelta) and event.index == 0:
-            out += self._call(event)
-        elif isinstance(event, Failed):
-            out += self._event("error", code=event.code, message=event.message, param=None)
-            items, _, _ = output_of(self._turn, self._fold)
-            out += self._event("response.failed", response=response_object(
-                self._turn, status="failed", output=items, usage=usage_json(self._fold.usage),
-                error=error_json(event)))
-        return out
-
-    def _fold_text(self) -> None:
-        """The text since the last fold, as one delta (a fold per token costs more than the
-        token's event)."""
-        if self._text:
-            self._fold.add(TextDelta(0, "".join(self._text)))
-            self._text = []
-
-    def done(self) -> bytes:
-        out = self._start()
-        self._fold_text()
-        final = from_fold(self._turn, self._fold)
-        item_status = "incomplete" if final["status"] == "incomplete" else "completed"
-        out += self._close(item_status)
-        if not self._items:  # nothing was said: the empty message the Response holds
-            out += self._content("output_text", "", None, empty=True)
-            out += self._close(item_status)
-        kind = "response.incomplete" if final["status"] == "incomplete" else \
-            "response.completed"
-        return out + self._event(kind, response=final)
-
-    # -- items --
-
-    def _content(self, kind: str, delta: str, logprobs: list[Any] | None, *,
-                 empty: bool = False) -> bytes:
-        out = b""
-        if self._open is None or self._open["type"] != "message":
-            out += self._close("completed")
-            item_id = message_id(self._turn, self._messages)
-            self._messages += 1
-            out += self._add({"type": "message", "id": item_id, "status": "in_progress",
-                              "role": "assistant", "content": []})
-        item = self._open
-        assert item is not None
-        if self._part is None or self._part["type"] != kind:
-            out += self._close_part()
-            self._part = _text_content("", []) if kind == "output_text" else {
-                "type": "refusal", "refusal": ""}
-            self._pieces = []
-            item["content"].append(self._part)
-            where = {"item_id": item["id"], "output_index": len(self._items) - 1,
-                     "content_index": len(item["content"]) - 1}
-            out += self._event("response.content_part.added", **where, part=self._part)
-            if kind == "output_text":
-                head = dumps({"type": "response.output_text.delta", **where})
-                self._delta_head = (b"event: response.output_text.delta\ndata: "
-                                    + head[:-1] + b',"delta":')
-        if empty:
-            return out
-        where = {"item_id": item["id"], "output_index": len(self._items) - 1,
-                 "content_index": len(item["content"]) - 1}
-        self._pieces.append(delta)
-        if kind == "output_text":
-            self._part["logprobs"] += list(logprobs or [])
-            return out + self._event("response.output_text.delta", **where, delta=delta,
-                                     logprobs=list(logprobs or []))
-        return out + self._event("response.refusal.delta", **where, delta=delta)
-
-    def _call(self, event: ToolCallDelta) -> bytes:
-        out = b""
-        if event.id is not None or self._open is None or self._open["type"] != "function_call":
-            out += self._close("completed")
-            k = self._calls
-            self._calls += 1
-            out += self._add({"type": "function_call", "id": call_item_id(self._turn, k),
-                              "call_id": event.id or f"call_{self._turn.hex}_{k}",
-                              "name": event.name or "", "arguments": "",
-                              "status": "in_progress"})
-        item = self._open
-        assert item is not None
-        if not event.arguments:
-            return out
-        item["arguments"] += event.arguments
-        return out + self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                 output_index=len(self._items) - 1, delta=event.arguments)
-
-    def _add(self, item: dict[str, Any]) -> bytes:
-        self._items.append(item)
-        self._open = item
-        return self._event("response.output_item.added", output_index=len(self._items) - 1,
-                           item=item)  # written now, before the item changes
-
-    def _close_part(self) -> bytes:
-        part, item = self._part, self._open
-        if part is None or item is None:
-            return b""
-        self._part = None
-        self._delta_head = b""
-        part["text" if part["type"] == "output_text" else "refusal"] = "".join(self._pieces)
-        self._pieces = []
-        where = {"item_id": item["id"], "output_index": len(self._items) - 1,
-                 "content_index": len(item["content"]) - 1}
-        if part["type"] == "output_text":
-            out = self._event("response.output_text.done", **where, text=part["text"],
-                              logprobs=part["logprobs"])
-        else:
-            out = self._event("response.refusal.done", **where, refusal=part["refusal"])
-        return out + self._event("response.content_part.done", **where, part=part)
-
-    def _close(self, status: str) -> bytes:
-        item = self._open
-        if item is None:
-            return b""
-        out = self._close_part()
-        if item["type"] == "function_call":
-            out += self._event("response.function_call_arguments.done", item_id=item["id"],
-                               output_index=len(self._items) - 1, name=item["name"],
-                               arguments=item["arguments"])
-        self._open = None
-        item["status"] = status
-        return out + self._event("response.output_item.done",
-                                 output_index=len(self._items) - 1, item=item)
-
-
-# ---- errors -------------------------------------------------------------------------------
-
 def as_api_error(exc: RequestError, *, prefix: str | None = None) -> APIError:
     param = exc.param
     message = str(exc)
@@ -925,7 +424,3 @@ def as_api_error(exc: RequestError, *, prefix: str | None = None) -> APIError:
         if exc.param:
             message = message.replace(f"'{exc.param}'", f"'{param}'", 1)
     return APIError(400, message, param=param, code=exc.code)
-
-
-def missing(response_id: str) -> APIError:
-    return not_found(f"Response with id '{response_id}' not found.", param="response_id")
