@@ -10,10 +10,10 @@ Writes leave the answer's path (`Keeper`): a finished answer is queued and writt
 background, the answers queued within `GROUP_S` sharing one transaction (a group commit), so
 storing costs the client no database round trip and a busy gateway few transactions. Reads
 stay exact: on the replica that answered, a read of a response still queued is answered from
-the queue (a deletion waits for its write); on another replica, a miss on an id minted in the last `FRESH_S` seconds (the id
-carries its time) is read again until then, so a client that saw a response complete finds it
-wherever it asks next. A write still queued when the process
-dies is lost (the answer was delivered; only its stored copy is missing).
+the queue (a deletion waits for its write); on another replica, a miss on an id minted in
+the last `FRESH_S` seconds (the id carries its time) is read again until then, so a client
+that saw a response complete finds it wherever it asks next. A write still queued when the
+process dies is lost (the answer was delivered; only its stored copy is missing).
 """
 
 from __future__ import annotations
