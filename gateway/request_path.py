@@ -38,6 +38,7 @@ from typing import Any, TypeVar, cast
 
 from opentelemetry.trace import INVALID_SPAN, Span
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Match
@@ -130,9 +131,7 @@ async def serve(request: Request, surface: Surface) -> Response:
     await refuse_if_held(gw, request, key)  # a key over its RPM: its body is not parsed
     async with counted_if_refused(gw, key):  # a 4xx from here on counts for RPM
         raw = await request.body()  # within max_body_bytes: the middleware counts what arrives
-        body = await read_body(gw, key, raw, surface)
-        if surface.with_headers is not None:
-            body = surface.with_headers(body, request.headers)
+        body = await read_body(gw, key, raw, surface, request.headers)
     origin = Origin(headers=request.headers, receive=request.receive,
                     state=request.scope["state"], span=span, clock=clock)
     return await answer(gw, key, body, surface, origin)
@@ -330,13 +329,18 @@ def parse_body(raw: bytes, *, surface: Surface) -> Canonical:
     return surface.parse(raw)
 
 
-async def read_body(gw: GatewayState, key: KeyContext, raw: bytes, surface: Surface
-                    ) -> Canonical:
+async def read_body(gw: GatewayState, key: KeyContext, raw: bytes, surface: Surface,
+                    headers: Headers) -> Canonical:
     """`parse_body`, or for a surface whose body refers to what the gateway keeps for the
-    tenant (Responses' previous_response_id) its own reader, scoped to the key's tenant."""
+    tenant (Responses' previous_response_id) its own reader, scoped to the key's tenant;
+    then the client headers the surface checks and carries (Anthropic's version and betas)."""
     if surface.read is None:
-        return parse_body(raw, surface=surface)
-    return await surface.read(gw, key, raw)
+        body = parse_body(raw, surface=surface)
+    else:
+        body = await surface.read(gw, key, raw)
+    if surface.with_headers is not None:
+        body = surface.with_headers(body, headers)
+    return body
 
 
 def credentials(request: Request, surface: Surface) -> str | None:

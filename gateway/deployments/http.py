@@ -29,7 +29,14 @@ from gateway.deployments.base import (
 )
 from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.http_pool import HttpPool
-from gateway.deployments.native import ANTHROPIC_VERSION, PATHS, Native, native_of, reader
+from gateway.deployments.native import (
+    ANTHROPIC_VERSION,
+    PATHS,
+    VERSION_HEADER,
+    Native,
+    native_of,
+    reader,
+)
 from gateway.errors import APIError
 from gateway.observability.tracing import inject_trace_headers
 from workers.protocol.events import Event, Failed
@@ -156,7 +163,7 @@ def native_headers(api: str, headers: Mapping[str, str], secret: str | None
     Messages beside chat take one or the other)."""
     out = dict(headers)
     if api == "messages":
-        out["anthropic-version"] = ANTHROPIC_VERSION
+        out[VERSION_HEADER] = ANTHROPIC_VERSION
         if secret:
             out["x-api-key"] = secret
     return out
