@@ -55,8 +55,8 @@ from workers.protocol.events import (
     ToolCallDelta,
     Usage,
 )
+from workers.protocol.render import sse_event
 from workers.protocol.requests import ChatCompletionRequest, RequestError, request_error
-from workers.protocol.wire_json import dumps
 
 if TYPE_CHECKING:
     from starlette.datastructures import Headers
@@ -442,10 +442,6 @@ def _tool_id() -> str:
     return f"toolu_{os.urandom(12).hex()}"
 
 
-def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
-
-
 class StreamRenderer:
     """One answer's events as Anthropic's stream: message_start, ping, then per content block
     content_block_start / _delta (text_delta, input_json_delta) / _stop, message_delta with
@@ -470,7 +466,7 @@ class StreamRenderer:
                 return out
             if self._open != "text":
                 out += self._new_block({"type": "text", "text": ""}, "text")
-            return out + sse("content_block_delta", {
+            return out + sse_event("content_block_delta", {
                 "type": "content_block_delta", "index": self._block,
                 "delta": {"type": "text_delta", "text": event.text}})
         if isinstance(event, ToolCallDelta) and event.index == 0:
@@ -478,7 +474,7 @@ class StreamRenderer:
                 out += self._new_block({"type": "tool_use", "id": event.id or _tool_id(),
                                         "name": event.name or "", "input": {}}, "tool_use")
             if event.arguments:
-                out += sse("content_block_delta", {
+                out += sse_event("content_block_delta", {
                     "type": "content_block_delta", "index": self._block,
                     "delta": {"type": "input_json_delta", "partial_json": event.arguments}})
             return out
@@ -488,7 +484,7 @@ class StreamRenderer:
         elif isinstance(event, Usage):
             self._usage = event
         elif isinstance(event, Failed):
-            return out + sse("error", {"type": "error", "error": {
+            return out + sse_event("error", {"type": "error", "error": {
                 "type": anthropic_error_type(event.status), "message": event.message}})
         return out
 
@@ -496,12 +492,12 @@ class StreamRenderer:
         out = self._close_block()
         usage = _usage(self._usage)
         reason = self._reason
-        out += sse("message_delta", {
+        out += sse_event("message_delta", {
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(reason, self._stop_sequence),
                       "stop_sequence": self._stop_sequence if reason == "stop" else None},
             "usage": {"output_tokens": usage["output_tokens"]}})
-        return out + sse("message_stop", {"type": "message_stop"})
+        return out + sse_event("message_stop", {"type": "message_stop"})
 
     def _start(self, response_id: str, model: str) -> bytes:
         if self._started:
@@ -511,21 +507,21 @@ class StreamRenderer:
                    "model": model or self._model, "content": [], "stop_reason": None,
                    "stop_sequence": None,
                    "usage": {"input_tokens": self._prompt_tokens, "output_tokens": 0}}
-        return (sse("message_start", {"type": "message_start", "message": message})
-                + sse("ping", {"type": "ping"}))
+        return (sse_event("message_start", {"type": "message_start", "message": message})
+                + sse_event("ping", {"type": "ping"}))
 
     def _new_block(self, block: dict[str, Any], kind: str) -> bytes:
         out = self._close_block()
         self._block += 1
         self._open = kind
-        return out + sse("content_block_start", {"type": "content_block_start",
+        return out + sse_event("content_block_start", {"type": "content_block_start",
                                                  "index": self._block, "content_block": block})
 
     def _close_block(self) -> bytes:
         if self._open is None:
             return b""
         self._open = None
-        return sse("content_block_stop", {"type": "content_block_stop", "index": self._block})
+        return sse_event("content_block_stop", {"type": "content_block_stop", "index": self._block})
 
 
 # ---- errors -------------------------------------------------------------------------------

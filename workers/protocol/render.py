@@ -37,6 +37,12 @@ def data(obj: dict[str, Any]) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
 
+def sse_event(kind: str, obj: dict[str, Any]) -> bytes:
+    """One SSE event that names its type (`event:`), as Anthropic's and the Responses API's
+    streams do."""
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(obj) + b"\n\n"
+
+
 def usage_json(usage: Usage) -> dict[str, Any]:
     body: dict[str, Any] = dict(usage.extra or {})
     details = dict(body.get("prompt_tokens_details") or {})

@@ -47,7 +47,7 @@ from gateway.surfaces.responses.schema import (
     TextPart,
 )
 from gateway.surfaces.responses.store import keep, kept, missing
-from gateway.surfaces.responses.stream import StreamRenderer, sse
+from gateway.surfaces.responses.stream import StreamRenderer
 from gateway.surfaces.responses.translate import (
     NATIVE_FIELDS,
     as_api_error,
@@ -97,7 +97,6 @@ __all__ = [
     "parse",
     "read",
     "response_object",
-    "sse",
     "status_of",
     "turn_of",
     "usage_json",

@@ -17,13 +17,9 @@ from gateway.surfaces.responses.objects import (
 )
 from gateway.surfaces.responses.turn import turn_of
 from workers.protocol.events import Event, Failed, OtherDelta, TextDelta, ToolCallDelta
-from workers.protocol.render import Fold
+from workers.protocol.render import Fold, sse_event
 from workers.protocol.requests import OpenAIRequest
 from workers.protocol.wire_json import dumps
-
-
-def sse(kind: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + kind.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 class StreamRenderer:
@@ -58,7 +54,7 @@ class StreamRenderer:
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, **fields, "sequence_number": self._seq}
         self._seq += 1
-        return sse(kind, data)
+        return sse_event(kind, data)
 
     def _snapshot(self, status: str) -> dict[str, Any]:
         return response_object(self._turn, status=status, output=[], usage=None)
