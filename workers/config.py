@@ -79,6 +79,9 @@ class EngineArgs(BaseModel):
                             "kernels for float32 on CPU)")
     kv_huge_pages: bool = Field(True, description="the CPU KV pool in 2 MB pages where Linux "
                                                   "offers them")
+    keep_host_heap: bool = Field(
+        True, description="on CPU, freed activations stay in the heap for the next step "
+                          "instead of going back to the OS (glibc; workers/runner/host_heap.py)")
     cuda_graphs: bool = Field(
         True, description="decode-only steps replay CUDA graphs captured at startup, one per "
                           "batch-size bucket (CUDA with the Triton decode kernel only; "

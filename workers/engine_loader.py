@@ -61,6 +61,7 @@ def load_model(args: EngineArgs) -> LoadedModel:
             int8_compute=args.int8_compute,
             kv_cache_dtype=args.kv_cache_dtype,
             kv_huge_pages=args.kv_huge_pages,
+            keep_host_heap=args.keep_host_heap,
             decode_graph_sizes=capture_sizes(args.max_num_seqs, args.cuda_graph_sizes)
             if args.cuda_graphs else (),
             draft_model=resolve_model(draft) if draft else None,

@@ -27,7 +27,7 @@ import torch
 
 from workers.engine.scheduler import ScheduledChunk, SchedulerOutput
 from workers.lora.adapter import LoRAAdapter, ModuleShape, load_adapter
-from workers.runner import cpu_amx, kv_cache, token_mask
+from workers.runner import cpu_amx, host_heap, kv_cache, token_mask
 from workers.runner.attention import (
     AttentionMetadata,
     GatherWorkspace,
@@ -95,6 +95,7 @@ class RunnerConfig:
     int8_compute: str = "auto"  # auto | model | bfloat16: the dtype int8 weights multiply in
     kv_cache_dtype: str = "auto"  # auto (the model dtype) | int8 (workers/runner/kv_quant.py)
     kv_huge_pages: bool = True  # the CPU pool in 2 MB pages (workers/runner/huge_pages.py)
+    keep_host_heap: bool = True  # freed CPU memory stays mapped (workers/runner/host_heap.py)
     # decode batch sizes captured as CUDA graphs on CUDA (`cuda_graphs.capture_sizes`); ()
     # captures none. Ignored on CPU.
     decode_graph_sizes: tuple[int, ...] = ()
@@ -147,6 +148,8 @@ class ModelRunner:
     @classmethod
     def load(cls, config: RunnerConfig, hf_config: Any, eos_token_ids: list[int]) -> ModelRunner:
         """Build the model, load weights and allocate the KV pool from the memory budget."""
+        if config.keep_host_heap and config.device.type == "cpu":
+            host_heap.keep_freed_memory()
         max_positions = hf_config.max_position_embeddings
         if config.max_model_len:
             max_positions = max(max_positions, config.max_model_len)

@@ -93,12 +93,15 @@ def test_impossible_prefill_attention_is_refused(name, device, match):
 
 
 @pytest.mark.parametrize("amx", [False, True])
-def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_where_amx_runs(monkeypatch, amx):
+def test_prefill_attention_is_amx_for_bfloat16_heads_of_64_or_128_where_amx_runs(monkeypatch,
+                                                                                amx):
     monkeypatch.setattr(cpu_amx, "available", lambda: amx)
     monkeypatch.setattr(vec_prefill, "fits", lambda *args: False)
     bf16 = {"dtype": torch.bfloat16, "head_dim": 64}
     assert pick_prefill_attention("auto", CPU, **bf16) == ("amx" if amx else "flash")
-    assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16, head_dim=128) == "flash"
+    assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16,
+                                  head_dim=128) == ("amx" if amx else "flash")
+    assert pick_prefill_attention("auto", CPU, dtype=torch.bfloat16, head_dim=96) == "flash"
     assert pick_prefill_attention("auto", CPU, dtype=torch.float32, head_dim=64) == "flash"
     assert pick_prefill_attention("auto", CUDA, **bf16) == "causal"
     if amx:

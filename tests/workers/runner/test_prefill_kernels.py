@@ -127,10 +127,12 @@ def test_auto_picks_causal_on_cuda_and_masked_elsewhere_without_flash(monkeypatc
     assert pick_prefill_attention("causal", CPU) == "causal"
 
 
-def heads64(tmp_path, tokenizer):
-    """A random Llama with heads of 64, the size the C prefill kernels take."""
-    return build_tiny_llama(tmp_path / "heads64", tokenizer, hidden_size=256,
-                            intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+def heads64(tmp_path, tokenizer, dim: int = 64):
+    """A random Llama with heads of 64 (or `dim`: 128), the sizes the C prefill kernels take."""
+    heads = 256 // dim
+    return build_tiny_llama(tmp_path / f"heads{dim}", tokenizer, hidden_size=256,
+                            intermediate_size=512, num_attention_heads=heads,
+                            num_key_value_heads=heads // 2)
 
 
 def cached_prompts(seed: int, shared_len: int, count: int, most: int) -> list[list[int]]:
@@ -162,22 +164,24 @@ def test_vec_prefill_float32_gives_hf_greedy_tokens(tmp_path, tokenizer):
     assert all(o.num_cached_tokens >= 144 for o in rest)
 
 
-def _bf16_kernel_runs(kernel: str) -> bool:
+def _bf16_kernel_runs(kernel: str, dim: int) -> bool:
     if kernel == "amx":
         return cpu_amx.available()
-    return vec_prefill.fits(torch.bfloat16, 64, torch.device("cpu"))
+    return vec_prefill.fits(torch.bfloat16, dim, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("kernel", ["amx", "vec"])
-def test_bfloat16_kernel_is_as_close_to_float32_as_the_flash_split(tmp_path, tokenizer, kernel):
-    """Heads of 64, bfloat16, chunks after cached context: while greedy tokens agree with the
+def test_bfloat16_kernel_is_as_close_to_float32_as_the_flash_split(tmp_path, tokenizer, kernel,
+                                                                   dim):
+    """Heads of 64 and of 128, bfloat16, chunks after cached context: while greedy tokens agree with the
     float32 engine's, the kernel's logprobs are as close to float32's as those of the
     bfloat16 engine on the flash split (on this peaked random model either is up to about
     0.5 off; a near-tie forks the sequences after some tokens, so only the agreeing prefix is
     compared)."""
-    if not _bf16_kernel_runs(kernel):
+    if not _bf16_kernel_runs(kernel, dim):
         pytest.skip(f"the {kernel} bfloat16 kernel does not run on this CPU")
-    path = heads64(tmp_path, tokenizer)
+    path = heads64(tmp_path, tokenizer, dim)
     # the AMX case as first measured; the vector kernel's greedy tokens fork from float32's
     # sooner on its first four prompts (6 agreeing tokens), so it gets more to compare
     count, tokens = (4, 8) if kernel == "amx" else (6, 12)

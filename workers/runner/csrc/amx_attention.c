@@ -1,4 +1,4 @@
-/* Causal prefill attention on Intel AMX tiles, bfloat16, head size 64.
+/* Causal prefill attention on Intel AMX tiles, bfloat16, head size 64 or 128.
 
    out[i, h] = softmax(scale * q[i, h] . k[g]^T over keys j <= ctx_len + i) . v[g],
    g = h / group.
@@ -6,7 +6,10 @@
    Query i of the chunk sits at position ctx_len + i; keys 0..ctx_len-1 come from the cached
    context (gathered out of the pool), the rest are the chunk's own, so no caller copies them
    together. K and V are packed once per call into AMX B-tile layout (K for q.k^T: 16 keys x
-   32 dims a tile; V for p.v: 32 keys x 16 dims). Each task (a query head and 16 queries;
+   32 dims a tile; V for p.v: 32 keys x 16 dims). Heads of 128 take twice the tiles: their
+   scores sum four 32-dim products (the last two q tiles loaded per piece, since a tile
+   register is left for only one), and p.v runs in two passes of 64 dims (four accumulators
+   each). Each task (a query head and 16 queries;
    a K/V head's tasks run in a row so its packed K/V stay in L2) walks the keys 128 at a
    time: the scores as tiles, an online softmax over them in float32 with AVX-512 (in log2
    units, 2^x by `exp2_avx512`: p is rounded to bfloat16 next), p times V as tiles
@@ -28,7 +31,7 @@
 #include "bf16.h"
 #include "fast_exp.h"
 
-#define HEAD 64
+#define HEAD_MAX 128 /* the largest head size; 64 is the other */
 #define SPAN 128 /* keys per softmax step */
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -56,41 +59,112 @@ static inline const uint16_t *row_at(const rows_of *r, int64_t key) {
                             : r->fresh + (key - r->ctx_len) * r->fresh_stride;
 }
 
-/* K -> [key blocks of 16][2 dim halves][16 dim pairs][16 keys][2]; keys past len are 0. */
-static void pack_k(const rows_of *k, int64_t padded, uint16_t *out) {
-    static const uint16_t zeros[HEAD];
+/* K -> [key blocks of 16][dim / 32 dim chunks][16 dim pairs][16 keys][2]; keys past len
+   are 0. */
+static void pack_k(const rows_of *k, int64_t padded, int dim, uint16_t *out) {
+    static const uint16_t zeros[HEAD_MAX];
+    const int chunks = dim / 32;
     for (int64_t b = 0; b < padded / 16; b++)
         for (int c = 0; c < 16; c++) {
             const int64_t key = b * 16 + c;
             const uint16_t *src = key < k->len ? row_at(k, key) : zeros;
-            for (int half = 0; half < 2; half++) {
-                uint16_t *tile = out + (b * 2 + half) * 512;
+            for (int chunk = 0; chunk < chunks; chunk++) {
+                uint16_t *tile = out + (b * chunks + chunk) * 512;
                 for (int r = 0; r < 16; r++) {
-                    tile[r * 32 + c * 2] = src[half * 32 + 2 * r];
-                    tile[r * 32 + c * 2 + 1] = src[half * 32 + 2 * r + 1];
+                    tile[r * 32 + c * 2] = src[chunk * 32 + 2 * r];
+                    tile[r * 32 + c * 2 + 1] = src[chunk * 32 + 2 * r + 1];
                 }
             }
         }
 }
 
-/* V -> [key blocks of 32][4 dim quarters][16 key pairs][16 dims][2]; keys past len are 0. */
-static void pack_v(const rows_of *v, int64_t padded, uint16_t *out) {
-    static const uint16_t zeros[HEAD];
+/* V -> [key blocks of 32][dim / 16 dim slices][16 key pairs][16 dims][2]; keys past len
+   are 0. */
+static void pack_v(const rows_of *v, int64_t padded, int dim, uint16_t *out) {
+    static const uint16_t zeros[HEAD_MAX];
+    const int slices = dim / 16;
     for (int64_t b = 0; b < padded / 32; b++)
         for (int r = 0; r < 16; r++)
             for (int j = 0; j < 2; j++) {
                 const int64_t key = b * 32 + 2 * r + j;
                 const uint16_t *src = key < v->len ? row_at(v, key) : zeros;
-                for (int quarter = 0; quarter < 4; quarter++) {
-                    uint16_t *tile = out + (b * 4 + quarter) * 512;
-                    for (int c = 0; c < 16; c++) tile[r * 32 + c * 2 + j] = src[quarter * 16 + c];
+                for (int slice = 0; slice < slices; slice++) {
+                    uint16_t *tile = out + (b * slices + slice) * 512;
+                    for (int c = 0; c < 16; c++) tile[r * 32 + c * 2 + j] = src[slice * 16 + c];
                 }
             }
 }
 
-/* q [q_len, heads, 64] (strides in elements); the cached context's K and V
-   [kv_heads, ctx_len, 64] (strides ctx_head, ctx_tok); the chunk's own K and V
-   [q_len, kv_heads, 64] (strides new_tok, new_head); out like q. Query i sits at position
+/* Scores of one 32-key piece: tmm2 (keys 0-15) and tmm3 (16-31) = q . k^T, from the piece's
+   packed K tiles `kt` (key block 0's dim chunks, then key block 1's). q's first two 32-dim
+   chunks are in tmm0 and tmm1; a head of 128's other two come from `q2` (row stride `ldq`
+   bytes) into tmm4 in turn. */
+static inline void piece_scores(const uint16_t *kt, int dim, const uint16_t *q2, int64_t ldq) {
+    _tile_zero(2);
+    _tile_zero(3);
+    if (dim == 64) {
+        _tile_loadd(5, kt, 64);
+        _tile_dpbf16ps(2, 0, 5);
+        _tile_loadd(6, kt + 512, 64);
+        _tile_dpbf16ps(2, 1, 6);
+        _tile_loadd(7, kt + 1024, 64);
+        _tile_dpbf16ps(3, 0, 7);
+        _tile_loadd(5, kt + 1536, 64);
+        _tile_dpbf16ps(3, 1, 5);
+        return;
+    }
+    const uint16_t *kt1 = kt + 4 * 512; /* keys 16-31 */
+    _tile_loadd(5, kt, 64);
+    _tile_dpbf16ps(2, 0, 5);
+    _tile_loadd(6, kt1, 64);
+    _tile_dpbf16ps(3, 0, 6);
+    _tile_loadd(7, kt + 512, 64);
+    _tile_dpbf16ps(2, 1, 7);
+    _tile_loadd(5, kt1 + 512, 64);
+    _tile_dpbf16ps(3, 1, 5);
+    _tile_loadd(4, q2, ldq);
+    _tile_loadd(6, kt + 1024, 64);
+    _tile_dpbf16ps(2, 4, 6);
+    _tile_loadd(7, kt1 + 1024, 64);
+    _tile_dpbf16ps(3, 4, 7);
+    _tile_loadd(4, q2 + 32, ldq);
+    _tile_loadd(5, kt + 1536, 64);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_loadd(6, kt1 + 1536, 64);
+    _tile_dpbf16ps(3, 4, 6);
+}
+
+/* p . v for 64 dims from `slice` (of 16) on, over `pieces` 32-key pieces: p's pieces from
+   `p16` (rows of SPAN), V's from `vh` at the span's first key block `kb0` (`slices` 16-dim
+   tiles a block); the sums into pv (rows of `dim` floats) at that slice. */
+static inline void pv_four_slices(const uint16_t *p16, const uint16_t *vh, int64_t kb0, int slices,
+                              int slice, int pieces, float *pv, int dim) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int piece = 0; piece < pieces; piece++) {
+        const uint16_t *vt = vh + ((kb0 + piece) * slices + slice) * 512;
+        _tile_loadd(4, p16 + piece * 32, SPAN * 2);
+        _tile_loadd(5, vt, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, vt + 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, vt + 1024, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, vt + 1536, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    float *at = pv + slice * 16;
+    _tile_stored(0, at, dim * 4);
+    _tile_stored(1, at + 16, dim * 4);
+    _tile_stored(2, at + 32, dim * 4);
+    _tile_stored(3, at + 48, dim * 4);
+}
+
+/* q [q_len, heads, dim] (dim 64 or 128) (strides in elements); the cached context's K and V
+   [kv_heads, ctx_len, dim] (strides ctx_head, ctx_tok); the chunk's own K and V
+   [q_len, kv_heads, dim] (strides new_tok, new_head); out like q. Query i sits at position
    ctx_len + i; with `window` > 0 it sees keys ctx_len + i - window < j <= ctx_len + i. 0; -1 if
    this build has no AMX; -2 if memory runs out. */
 int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
@@ -98,12 +172,14 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                           int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
                           int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
                           int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
-                          int64_t kv_heads, float scale, int threads, int64_t window) {
-    if (q_len < 1 || ctx_len < 0 || heads % kv_heads != 0) return -1;
+                          int64_t kv_heads, int64_t dim, float scale, int threads,
+                          int64_t window) {
+    if (q_len < 1 || ctx_len < 0 || heads % kv_heads != 0 || (dim != 64 && dim != 128))
+        return -1;
     const int64_t kv_len = ctx_len + q_len, start = ctx_len;
     const int64_t padded = (kv_len + SPAN - 1) / SPAN * SPAN, group = heads / kv_heads;
-    uint16_t *kp = aligned_alloc(64, (size_t)(kv_heads * padded * HEAD * 2));
-    uint16_t *vp = aligned_alloc(64, (size_t)(kv_heads * padded * HEAD * 2));
+    uint16_t *kp = aligned_alloc(64, (size_t)(kv_heads * padded * dim * 2));
+    uint16_t *vp = aligned_alloc(64, (size_t)(kv_heads * padded * dim * 2));
     if (kp == NULL || vp == NULL) {
         free(kp);
         free(vp);
@@ -116,15 +192,15 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
         const rows_of rows = {(is_k ? k_ctx : v_ctx) + head * ctx_head,
                               (is_k ? k_new : v_new) + head * new_head, ctx_len, ctx_tok,
                               new_tok, kv_len};
-        if (is_k) pack_k(&rows, padded, kp + head * padded * HEAD);
-        else pack_v(&rows, padded, vp + head * padded * HEAD);
+        if (is_k) pack_k(&rows, padded, (int)dim, kp + head * padded * dim);
+        else pack_v(&rows, padded, (int)dim, vp + head * padded * dim);
     }
     const int64_t q_blocks = (q_len + 15) / 16;
 #pragma omp parallel num_threads(threads)
     {
         float scores[16 * SPAN] __attribute__((aligned(64)));
-        float pv[16 * HEAD] __attribute__((aligned(64)));
-        float acc[16 * HEAD] __attribute__((aligned(64)));
+        float pv[16 * HEAD_MAX] __attribute__((aligned(64)));
+        float acc[16 * HEAD_MAX] __attribute__((aligned(64)));
         uint16_t p16[16 * SPAN] __attribute__((aligned(64)));
         float row_max[16], row_sum[16];
         int configured = -1;
@@ -148,7 +224,7 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
             memset(acc, 0, sizeof acc);
             const int64_t last_key = start + q0 + rows - 1 < kv_len - 1 ? start + q0 + rows - 1
                                                                        : kv_len - 1;
-            const uint16_t *kh = kp + g * padded * HEAD, *vh = vp + g * padded * HEAD;
+            const uint16_t *kh = kp + g * padded * dim, *vh = vp + g * padded * dim;
             /* the span holding the first query's first visible key */
             const int64_t k_first = window > 0 && start + q0 - window + 1 > 0
                                         ? (start + q0 - window + 1) / SPAN * SPAN : 0;
@@ -159,17 +235,9 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                 _tile_loadd(0, qrow, q_tok * 2);
                 _tile_loadd(1, qrow + 32, q_tok * 2);
                 for (int piece = 0; piece < pieces; piece++) {
-                    const uint16_t *kt = kh + (k0 / 32 + piece) * 4 * 512;
-                    _tile_zero(2);
-                    _tile_zero(3);
-                    _tile_loadd(5, kt, 64);
-                    _tile_dpbf16ps(2, 0, 5);
-                    _tile_loadd(6, kt + 512, 64);
-                    _tile_dpbf16ps(2, 1, 6);
-                    _tile_loadd(7, kt + 1024, 64);
-                    _tile_dpbf16ps(3, 0, 7);
-                    _tile_loadd(5, kt + 1536, 64);
-                    _tile_dpbf16ps(3, 1, 5);
+                    /* a piece is two 16-key blocks of dim / 32 tiles */
+                    piece_scores(kh + (k0 / 32 + piece) * (dim / 16) * 512, (int)dim, qrow + 64,
+                                 q_tok * 2);
                     _tile_stored(2, scores + piece * 32, SPAN * 4);
                     _tile_stored(3, scores + piece * 32 + 16, SPAN * 4);
                 }
@@ -228,42 +296,24 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                     }
                     row_sum[i] = row_sum[i] * alpha + _mm512_reduce_add_ps(vsum);
                     row_max[i] = new_max;
-                    float *a = acc + i * HEAD;
+                    float *a = acc + i * dim;
                     const __m512 va = _mm512_set1_ps(alpha);
-                    for (int d = 0; d < HEAD; d += 16)
+                    for (int d = 0; d < dim; d += 16)
                         _mm512_store_ps(a + d, _mm512_mul_ps(_mm512_load_ps(a + d), va));
                 }
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-                for (int piece = 0; piece < pieces; piece++) {
-                    const uint16_t *vt = vh + (k0 / 32 + piece) * 4 * 512;
-                    _tile_loadd(4, p16 + piece * 32, SPAN * 2);
-                    _tile_loadd(5, vt, 64);
-                    _tile_dpbf16ps(0, 4, 5);
-                    _tile_loadd(6, vt + 512, 64);
-                    _tile_dpbf16ps(1, 4, 6);
-                    _tile_loadd(7, vt + 1024, 64);
-                    _tile_dpbf16ps(2, 4, 7);
-                    _tile_loadd(5, vt + 1536, 64);
-                    _tile_dpbf16ps(3, 4, 5);
-                }
-                _tile_stored(0, pv, HEAD * 4);
-                _tile_stored(1, pv + 16, HEAD * 4);
-                _tile_stored(2, pv + 32, HEAD * 4);
-                _tile_stored(3, pv + 48, HEAD * 4);
+                for (int slice = 0; slice < dim / 16; slice += 4)
+                    pv_four_slices(p16, vh, k0 / 32, (int)dim / 16, slice, pieces, pv, (int)dim);
                 for (int i = 0; i < rows; i++)
-                    for (int d = 0; d < HEAD; d += 16) {
-                        float *a = acc + i * HEAD + d;
+                    for (int d = 0; d < dim; d += 16) {
+                        float *a = acc + i * dim + d;
                         _mm512_store_ps(a, _mm512_add_ps(_mm512_load_ps(a),
-                                                         _mm512_load_ps(pv + i * HEAD + d)));
+                                                         _mm512_load_ps(pv + i * dim + d)));
                     }
             }
             for (int i = 0; i < rows; i++) {
                 uint16_t *o = out + (q0 + i) * o_tok + h * o_head;
                 const float inv = 1.0f / row_sum[i];
-                for (int d = 0; d < HEAD; d++) o[d] = f32_to_bf16(acc[i * HEAD + d] * inv);
+                for (int d = 0; d < dim; d++) o[d] = f32_to_bf16(acc[i * dim + d] * inv);
             }
         }
         if (configured != -1) _tile_release();
@@ -280,8 +330,9 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
                           int64_t ctx_tok, const uint16_t *k_new, const uint16_t *v_new,
                           int64_t new_tok, int64_t new_head, uint16_t *out, int64_t o_tok,
                           int64_t o_head, int64_t q_len, int64_t ctx_len, int64_t heads,
-                          int64_t kv_heads, float scale, int threads, int64_t window) {
-    (void)q, (void)q_tok, (void)q_head, (void)k_ctx, (void)v_ctx, (void)ctx_head;
+                          int64_t kv_heads, int64_t dim, float scale, int threads,
+                          int64_t window) {
+    (void)dim, (void)q, (void)q_tok, (void)q_head, (void)k_ctx, (void)v_ctx, (void)ctx_head;
     (void)ctx_tok, (void)k_new, (void)v_new, (void)new_tok, (void)new_head, (void)out;
     (void)o_tok, (void)o_head, (void)q_len, (void)ctx_len, (void)heads, (void)kv_heads;
     (void)scale, (void)threads, (void)window;
