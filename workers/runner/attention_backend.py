@@ -75,8 +75,8 @@ def pick_prefill_attention(name: str, device: torch.device, *,
     prefill chunk, cached context or not, through one AMX kernel call, `amx_prefill`) or `vec`
     (the same through one AVX-512 or AVX2 kernel call, `vec_prefill`).
 
-    `auto` is `amx` for bfloat16 heads of 64 or 128 on a CPU with AMX, else `vec` on AVX-512 (heads
-    of 64 or 128: 1.5-2.9x the flash split on a Zen 4; bfloat16 widened to float32 where the
+    `auto` is `amx` for bfloat16 heads of 64 or 128 on a CPU with AMX, else `vec` on AVX-512
+    (heads of 64 or 128: 1.5-2.9x the flash split on a Zen 4; bfloat16 widened to float32 where the
     CPU lacks AVX-512 BF16, 1.1-1.4x on a Xeon without it; docs/benchmarks.md; its AVX2
     build is explicit only), else `flash` where it
     runs (CPU, with the kernel in this torch); `causal` on CUDA (since issue 41, not yet run
@@ -93,8 +93,8 @@ def pick_prefill_attention(name: str, device: torch.device, *,
             return "flash"
         return "causal" if device.type == "cuda" else "masked"
     if name == "amx" and not amx_prefill.fits(dtype, head_dim, device):
-        raise ValueError("prefill_attention 'amx' needs bfloat16, heads of 64 or 128 and a CPU with "
-                         "AMX that Linux lets this process use")
+        raise ValueError("prefill_attention 'amx' needs bfloat16, heads of 64 or 128 and a "
+                         "CPU with AMX that Linux lets this process use")
     if name == "vec" and not vec_prefill.fits(dtype, head_dim, device):
         raise ValueError("prefill_attention 'vec' needs heads of 64 or 128 and a CPU with "
                          "AVX-512 or AVX2")

@@ -174,8 +174,8 @@ def _bf16_kernel_runs(kernel: str, dim: int) -> bool:
 @pytest.mark.parametrize("kernel", ["amx", "vec"])
 def test_bfloat16_kernel_is_as_close_to_float32_as_the_flash_split(tmp_path, tokenizer, kernel,
                                                                    dim):
-    """Heads of 64 and of 128, bfloat16, chunks after cached context: while greedy tokens agree with the
-    float32 engine's, the kernel's logprobs are as close to float32's as those of the
+    """Heads of 64 and of 128, bfloat16, chunks after cached context: while greedy tokens
+    agree with the float32 engine's, the kernel's logprobs are as close to float32's as those of the
     bfloat16 engine on the flash split (on this peaked random model either is up to about
     0.5 off; a near-tie forks the sequences after some tokens, so only the agreeing prefix is
     compared)."""
