@@ -205,3 +205,26 @@ def test_a_bfloat16_engine_runs_on_the_c_kernels_and_tracks_float32(tiny_llama_p
             assert abs(a.logprob - b.logprob) < 0.2
             compared += 1
     assert compared >= 24  # the prefill's token and many decode steps on each prompt
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [1024, 71, 200])  # whole 64-column passes, a tail, both
+@pytest.mark.parametrize("march", TARGETS)
+def test_moe_sum_weights_and_gathers_each_tokens_rows(n, dtype, march):
+    """y[t] = sum_j w[t, j] * rows[index[t, j]], summed in float32 and rounded once, for any
+    width (the AVX-512 build takes 64 columns a pass and the rest one at a time); a NaN row
+    stays NaN."""
+    gen = torch.Generator().manual_seed(n)
+    tokens, k = 37, 8
+    rows = torch.randn(tokens * k, n, generator=gen).to(dtype)
+    rows[5, 3] = float("nan")
+    index = torch.randperm(tokens * k, generator=gen).view(tokens, k)
+    weights = torch.rand(tokens, k, generator=gen)
+    got = cpu_fused.moe_sum(rows, index, weights, march=march)
+    want = (rows.double()[index] * weights.double().unsqueeze(-1)).sum(dim=1)
+    assert got.dtype == dtype and got.shape == (tokens, n)
+    nan_token = int((index == 5).nonzero()[0, 0])
+    assert torch.isnan(got[nan_token, 3]) and int(torch.isnan(got).sum()) == 1
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 8e-3,
+                                                                        "atol": 1e-2}
+    torch.testing.assert_close(got.double(), want, equal_nan=True, **tol)

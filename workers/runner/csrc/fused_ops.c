@@ -137,6 +137,7 @@ static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
             float acc[MOE_SUM_COLUMNS];                                                       \
             for (int64_t c0 = 0; c0 < n; c0 += MOE_SUM_COLUMNS) {                             \
                 const int64_t width = n - c0 < MOE_SUM_COLUMNS ? n - c0 : MOE_SUM_COLUMNS;    \
+                _Pragma("omp simd")                                                           \
                 for (int64_t i = 0; i < width; i++) acc[i] = 0.0f;                            \
                 for (int64_t j = 0; j < k; j++) {                                             \
                     const T *row = rows + index[t * k + j] * rows_stride + c0;                \
@@ -146,18 +147,113 @@ static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
                         acc[i] += weight * load_##SUFFIX(row + i);                            \
                 }                                                                             \
                 T *o = y + t * y_stride + c0;                                                 \
+                _Pragma("omp simd")                                                           \
                 for (int64_t i = 0; i < width; i++) store_##SUFFIX(o + i, acc[i]);            \
             }                                                                                 \
         }                                                                                     \
     }
 
-DEFINE_SILU_MUL(float, f32)
-DEFINE_SILU_MUL(bf16, bf16)
 DEFINE_ADD_RMS_NORM(float, f32)
 DEFINE_ADD_RMS_NORM(bf16, bf16)
 DEFINE_ROPE(float, f32)
 DEFINE_ROPE(bf16, bf16)
 DEFINE_STORE_KV(float, f32)
 DEFINE_STORE_KV(bf16, bf16)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* The instances with AVX-512 written out: GCC 12 left the macro's bfloat16 loops scalar (5.7
+ * GB/s against 31-34 here, 2,048 tokens of Qwen3-MoE on an AMX Xeon; float32 14 -> 50).
+ * Sixteen lanes of T to and from float32: */
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+static inline void store16_f32(float *p, __m512 v) { _mm512_storeu_ps(p, v); }
+
+static inline __m512 load16_bf16(const bf16 *p) {
+    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* f32_to_bf16 on 16 lanes: round to nearest even, NaN kept quiet. */
+static inline void store16_bf16(bf16 *p, __m512 v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i out = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    out = _mm512_mask_mov_epi32(out, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(out, 16)));
+}
+
+#define DEFINE_MOE_SUM_AVX512(T, SUFFIX)                                                      \
+    void moe_sum_##SUFFIX(const T *rows, const int64_t *index, const float *w, T *y,         \
+                          int64_t tokens, int64_t k, int64_t n, int64_t rows_stride,          \
+                          int64_t y_stride, int threads) {                                    \
+        _Pragma("omp parallel for num_threads(threads) if (tokens * k * n >= PARALLEL_MIN)") \
+        for (int64_t t = 0; t < tokens; t++) {                                                \
+            T *o = y + t * y_stride;                                                          \
+            int64_t c = 0;                                                                    \
+            for (; c + 64 <= n; c += 64) { /* four vectors of sums a pass over the k rows */  \
+                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                   \
+                for (int64_t j = 0; j < k; j++) {                                             \
+                    const T *row = rows + index[t * k + j] * rows_stride + c;                 \
+                    const __m512 wj = _mm512_set1_ps(w[t * k + j]);                           \
+                    a0 = _mm512_fmadd_ps(wj, load16_##SUFFIX(row), a0);                       \
+                    a1 = _mm512_fmadd_ps(wj, load16_##SUFFIX(row + 16), a1);                  \
+                    a2 = _mm512_fmadd_ps(wj, load16_##SUFFIX(row + 32), a2);                  \
+                    a3 = _mm512_fmadd_ps(wj, load16_##SUFFIX(row + 48), a3);                  \
+                }                                                                             \
+                store16_##SUFFIX(o + c, a0);                                                  \
+                store16_##SUFFIX(o + c + 16, a1);                                             \
+                store16_##SUFFIX(o + c + 32, a2);                                             \
+                store16_##SUFFIX(o + c + 48, a3);                                             \
+            }                                                                                 \
+            for (; c < n; c++) { /* a width off 64 */                                        \
+                float acc = 0.0f;                                                             \
+                for (int64_t j = 0; j < k; j++)                                               \
+                    acc += w[t * k + j] * load_##SUFFIX(rows + index[t * k + j] * rows_stride \
+                                                        + c);                                 \
+                store_##SUFFIX(o + c, acc);                                                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+/* silu_mul with the sigmoid's exp(-|g|) as 2^(-|g| log2 e) by exp2_avx512. */
+#define DEFINE_SILU_MUL_AVX512(T, SUFFIX)                                                     \
+    void silu_mul_##SUFFIX(const T *x, T *out, int64_t rows, int64_t n, int64_t x_stride,    \
+                           int64_t out_stride, int threads) {                                 \
+        _Pragma("omp parallel for num_threads(threads) if (rows * n >= PARALLEL_MIN)")        \
+        for (int64_t r = 0; r < rows; r++) {                                                  \
+            const T *gate = x + r * x_stride;                                                 \
+            const T *up = gate + n;                                                           \
+            T *o = out + r * out_stride;                                                      \
+            int64_t i = 0;                                                                    \
+            for (; i + 16 <= n; i += 16) {                                                    \
+                const __m512 g = load16_##SUFFIX(gate + i);                                   \
+                const __m512 e = exp2_avx512(_mm512_mul_ps(                                   \
+                    _mm512_abs_ps(g), _mm512_set1_ps(-1.44269504088896341f)));                \
+                const __m512 one = _mm512_set1_ps(1.0f);                                      \
+                const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(),        \
+                                                              _CMP_GE_OQ);                    \
+                const __m512 sigmoid = _mm512_div_ps(_mm512_mask_mov_ps(e, positive, one),    \
+                                                     _mm512_add_ps(one, e));                  \
+                store16_##SUFFIX(o + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid),              \
+                                                      load16_##SUFFIX(up + i)));              \
+            }                                                                                 \
+            for (; i < n; i++) { /* a width off 16 */                                        \
+                const float g = load_##SUFFIX(gate + i);                                      \
+                const float e = exp_nonpositive(-fabsf(g));                                   \
+                const float sigmoid = (g >= 0.0f ? 1.0f : e) / (1.0f + e);                    \
+                store_##SUFFIX(o + i, g * sigmoid * load_##SUFFIX(up + i));                   \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DEFINE_MOE_SUM_AVX512(float, f32)
+DEFINE_MOE_SUM_AVX512(bf16, bf16)
+DEFINE_SILU_MUL_AVX512(float, f32)
+DEFINE_SILU_MUL_AVX512(bf16, bf16)
+#else
 DEFINE_MOE_SUM(float, f32)
 DEFINE_MOE_SUM(bf16, bf16)
+DEFINE_SILU_MUL(float, f32)
+DEFINE_SILU_MUL(bf16, bf16)
+#endif
