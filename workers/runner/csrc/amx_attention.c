@@ -60,39 +60,45 @@ static inline const uint16_t *row_at(const rows_of *r, int64_t key) {
 }
 
 /* K -> [key blocks of 16][dim / 32 dim chunks][16 dim pairs][16 keys][2]; keys past len
-   are 0. */
+   are 0. A key's 32-dim chunk is 16 dim pairs, which land in its column of the tile: one
+   scatter of 16 pairs (32-bit) a key and chunk. */
 static void pack_k(const rows_of *k, int64_t padded, int dim, uint16_t *out) {
     static const uint16_t zeros[HEAD_MAX];
     const int chunks = dim / 32;
+    const __m512i down_rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(16)); /* a tile row is 16 pairs */
     for (int64_t b = 0; b < padded / 16; b++)
         for (int c = 0; c < 16; c++) {
             const int64_t key = b * 16 + c;
             const uint16_t *src = key < k->len ? row_at(k, key) : zeros;
             for (int chunk = 0; chunk < chunks; chunk++) {
-                uint16_t *tile = out + (b * chunks + chunk) * 512;
-                for (int r = 0; r < 16; r++) {
-                    tile[r * 32 + c * 2] = src[chunk * 32 + 2 * r];
-                    tile[r * 32 + c * 2 + 1] = src[chunk * 32 + 2 * r + 1];
-                }
+                uint32_t *tile = (uint32_t *)(out + (b * chunks + chunk) * 512);
+                _mm512_i32scatter_epi32(tile + c, down_rows,
+                                        _mm512_loadu_si512(src + chunk * 32), 4);
             }
         }
 }
 
 /* V -> [key blocks of 32][dim / 16 dim slices][16 key pairs][16 dims][2]; keys past len
-   are 0. */
+   are 0. A tile row is two keys' 16 dims interleaved. */
 static void pack_v(const rows_of *v, int64_t padded, int dim, uint16_t *out) {
     static const uint16_t zeros[HEAD_MAX];
     const int slices = dim / 16;
     for (int64_t b = 0; b < padded / 32; b++)
-        for (int r = 0; r < 16; r++)
-            for (int j = 0; j < 2; j++) {
-                const int64_t key = b * 32 + 2 * r + j;
-                const uint16_t *src = key < v->len ? row_at(v, key) : zeros;
-                for (int slice = 0; slice < slices; slice++) {
-                    uint16_t *tile = out + (b * slices + slice) * 512;
-                    for (int c = 0; c < 16; c++) tile[r * 32 + c * 2 + j] = src[slice * 16 + c];
-                }
+        for (int r = 0; r < 16; r++) {
+            const int64_t key = b * 32 + 2 * r;
+            const uint16_t *even = key < v->len ? row_at(v, key) : zeros;
+            const uint16_t *odd = key + 1 < v->len ? row_at(v, key + 1) : zeros;
+            for (int slice = 0; slice < slices; slice++) {
+                const __m512i lo = _mm512_cvtepu16_epi32(
+                    _mm256_loadu_si256((const __m256i *)(even + slice * 16)));
+                const __m512i hi = _mm512_cvtepu16_epi32(
+                    _mm256_loadu_si256((const __m256i *)(odd + slice * 16)));
+                _mm512_store_si512((__m512i *)(out + (b * slices + slice) * 512 + r * 32),
+                                   _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
             }
+        }
 }
 
 /* Scores of one 32-key piece: tmm2 (keys 0-15) and tmm3 (16-31) = q . k^T, from the piece's
@@ -177,7 +183,8 @@ int amx_prefill_attention(const uint16_t *q, int64_t q_tok, int64_t q_head,
     if (q_len < 1 || ctx_len < 0 || heads % kv_heads != 0 || (dim != 64 && dim != 128))
         return -1;
     const int64_t kv_len = ctx_len + q_len, start = ctx_len;
-    const int64_t padded = (kv_len + SPAN - 1) / SPAN * SPAN, group = heads / kv_heads;
+    /* whole 32-key pieces: a span's walk stops at the piece holding its last key */
+    const int64_t padded = (kv_len + 31) / 32 * 32, group = heads / kv_heads;
     uint16_t *kp = aligned_alloc(64, (size_t)(kv_heads * padded * dim * 2));
     uint16_t *vp = aligned_alloc(64, (size_t)(kv_heads * padded * dim * 2));
     if (kp == NULL || vp == NULL) {
