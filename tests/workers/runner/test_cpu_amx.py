@@ -4,6 +4,8 @@ them (which answers "not available"). Each kernel's tests skip where the CPU lac
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,3 +144,23 @@ def test_auto_skips_the_tile_copy_where_memory_is_short(tiny_llama_path, monkeyp
     assert all(has_copy) if expected == BACKEND[kernel] else not any(has_copy)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     assert len(llm.generate([[5, 17, 301, 44]], params)[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("out_features", [128, 96])  # whole 64-column items; 32-column ones
+def test_grouped_product_takes_each_experts_rows_through_its_own_weight(kernel, out_features):
+    """Experts with no rows, 1, 16 and 17 (the AMX kernel's four-block path for runs of at most
+    16 rows and its pair path above), and many: each run of rows equals its own expert's
+    product, to bfloat16 rounding."""
+    gen = torch.Generator().manual_seed(out_features)
+    counts = [0, 1, 16, 17, 40, 5, 0, 33]
+    in_features = 96
+    weights = torch.randn(len(counts), out_features, in_features, generator=gen).bfloat16()
+    x = torch.randn(sum(counts), in_features, generator=gen).bfloat16()
+    offsets = torch.zeros(len(counts) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(counts), 0, out=offsets[1:])
+    got = cpu_amx.grouped_linear(x, cpu_amx.pack_experts(weights), offsets, out_features,
+                                 kernel=kernel)
+    for e, (start, end) in enumerate(itertools.pairwise(offsets.tolist())):
+        exact = x[start:end].float() @ weights[e].float().T
+        torch.testing.assert_close(got[start:end].float(), exact, rtol=2 ** -7, atol=1e-3)

@@ -122,6 +122,47 @@ static void amx_pair(const uint16_t *x, int64_t ldx, const uint16_t *w0, const u
     }
 }
 
+/* The same for at most 16 rows [m0, m0 + rows) and 64 columns from `col` (w0..w3: four
+   column blocks' packed tiles): four sums in flight, where a pair has two, so a run of few
+   rows (a decode step's share of one expert) is not held up by each product's latency. The
+   tile configuration (code QUAD + rows) differs from amx_pair's. */
+#define QUAD 100
+static void amx_quad(const uint16_t *x, int64_t ldx, const uint16_t *w0, int64_t wstride,
+                     void *y, int64_t ldy, int64_t m0, int rows, int64_t col,
+                     int64_t kb_count, int out_f32, int *configured, float *sums) {
+    if (*configured != QUAD + rows) {
+        const int shape[8] = {rows, rows, rows, rows, rows, 16, 16, 16};
+        const tile_config cfg = tile_rows(shape);
+        _tile_loadconfig(&cfg);
+        *configured = QUAD + rows;
+    }
+    const uint16_t *x0 = x + m0 * ldx;
+    const uint16_t *w1 = w0 + wstride, *w2 = w1 + wstride, *w3 = w2 + wstride;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < kb_count; kb++) {
+        _tile_loadd(4, x0 + kb * 32, ldx * 2);
+        _tile_loadd(5, w0 + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, w1 + kb * 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, w2 + kb * 512, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, w3 + kb * 512, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, sums, 128);
+    _tile_stored(1, sums + 16, 128);
+    emit(sums, rows, y, ldy, m0, col, out_f32);
+    emit(sums + 16, rows, y, ldy, m0, col + 16, out_f32);
+    _tile_stored(2, sums, 128);
+    _tile_stored(3, sums + 16, 128);
+    emit(sums, rows, y, ldy, m0, col + 32, out_f32);
+    emit(sums + 16, rows, y, ldy, m0, col + 48, out_f32);
+}
+
 /* y [m, n] (row stride ldy elements) = x [m, k] (row stride ldx) . w^T, w packed by
    amx_pack. 0, or -1 for shapes the packing does not cover. */
 int amx_gemm(const uint16_t *x, const uint16_t *packed, void *y, int64_t m, int64_t n,
@@ -154,18 +195,30 @@ int amx_grouped_gemm(const uint16_t *x, const uint16_t *packed, void *y, const i
                      int64_t experts, int64_t n, int64_t k, int64_t ldx, int64_t ldy,
                      int out_f32, int threads) {
     if (n % 32 != 0 || k % 32 != 0 || experts < 1) return -1;
-    const int64_t kb_count = k / 32, pairs = n / 32, items = experts * pairs;
+    /* items of two pairs (64 columns) where they divide n, so an expert of at most 16 rows
+       takes amx_quad */
+    const int per = n % 64 == 0 ? 2 : 1;
+    const int64_t kb_count = k / 32, groups = n / (32 * per), items = experts * groups;
+    const int64_t block = kb_count * 512; /* one 16-column block's packed tiles */
 #pragma omp parallel num_threads(threads)
     {
         float sums[32 * 32] __attribute__((aligned(64)));
         int configured = -1;
-#pragma omp for schedule(dynamic, 4)
+#pragma omp for schedule(dynamic, 2)
         for (int64_t item = 0; item < items; item++) {
-            const int64_t e = item / pairs, p = item % pairs;
-            if (offsets[e] >= offsets[e + 1]) continue;
-            const uint16_t *w0 = packed + e * n * k + (2 * p) * kb_count * 512;
-            amx_pair(x, ldx, w0, w0 + kb_count * 512, y, ldy, offsets[e], offsets[e + 1],
-                     p * 32, kb_count, out_f32, &configured, sums);
+            const int64_t e = item / groups, g = item % groups;
+            const int64_t rows = offsets[e + 1] - offsets[e];
+            if (rows <= 0) continue;
+            const uint16_t *w0 = packed + e * n * k + (2 * per * g) * block;
+            if (per == 2 && rows <= 16) {
+                amx_quad(x, ldx, w0, block, y, ldy, offsets[e], (int)rows, g * 64, kb_count,
+                         out_f32, &configured, sums);
+                continue;
+            }
+            for (int q = 0; q < per; q++)
+                amx_pair(x, ldx, w0 + 2 * q * block, w0 + (2 * q + 1) * block, y, ldy,
+                         offsets[e], offsets[e + 1], (g * per + q) * 32, kb_count, out_f32,
+                         &configured, sums);
         }
         if (configured != -1) _tile_release();
     }
