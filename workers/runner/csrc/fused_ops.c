@@ -26,6 +26,12 @@ static inline void store_f32(float *p, float x) { *p = x; }
 static inline float load_bf16(const bf16 *p) { return bf16_to_f32(*p); }
 static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
 
+/* silu(g) * u, the sigmoid from e = exp(-|g|) <= 1, which never overflows. */
+static inline float silu_times(float g, float u) {
+    const float e = exp_nonpositive(-fabsf(g));
+    return g * ((g >= 0.0f ? 1.0f : e) / (1.0f + e)) * u;
+}
+
 /* out[r, i] = silu(x[r, i]) * x[r, n + i]: the fused gate_up projection's two halves. */
 #define DEFINE_SILU_MUL(T, SUFFIX)                                                            \
     void silu_mul_##SUFFIX(const T *x, T *out, int64_t rows, int64_t n, int64_t x_stride,    \
@@ -36,13 +42,9 @@ static inline void store_bf16(bf16 *p, float x) { *p = f32_to_bf16(x); }
             const T *up = gate + n;                                                           \
             T *o = out + r * out_stride;                                                      \
             _Pragma("omp simd")                                                               \
-            for (int64_t i = 0; i < n; i++) {                                                 \
-                const float g = load_##SUFFIX(gate + i);                                      \
-                /* sigmoid from e = exp(-|g|) <= 1, which never overflows */                  \
-                const float e = exp_nonpositive(-fabsf(g));                                   \
-                const float sigmoid = (g >= 0.0f ? 1.0f : e) / (1.0f + e);                    \
-                store_##SUFFIX(o + i, g * sigmoid * load_##SUFFIX(up + i));                   \
-            }                                                                                 \
+            for (int64_t i = 0; i < n; i++)                                                   \
+                store_##SUFFIX(o + i, silu_times(load_##SUFFIX(gate + i),                     \
+                                                 load_##SUFFIX(up + i)));                     \
         }                                                                                     \
     }
 
@@ -238,12 +240,9 @@ static inline void store16_bf16(bf16 *p, __m512 v) {
                 store16_##SUFFIX(o + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid),              \
                                                       load16_##SUFFIX(up + i)));              \
             }                                                                                 \
-            for (; i < n; i++) { /* a width off 16 */                                        \
-                const float g = load_##SUFFIX(gate + i);                                      \
-                const float e = exp_nonpositive(-fabsf(g));                                   \
-                const float sigmoid = (g >= 0.0f ? 1.0f : e) / (1.0f + e);                    \
-                store_##SUFFIX(o + i, g * sigmoid * load_##SUFFIX(up + i));                   \
-            }                                                                                 \
+            for (; i < n; i++) /* a width off 16 */                                          \
+                store_##SUFFIX(o + i, silu_times(load_##SUFFIX(gate + i),                     \
+                                                 load_##SUFFIX(up + i)));                     \
         }                                                                                     \
     }
 
