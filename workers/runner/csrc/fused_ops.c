@@ -41,10 +41,12 @@ static inline float silu_times(float g, float u) {
             const T *gate = x + r * x_stride;                                                 \
             const T *up = gate + n;                                                           \
             T *o = out + r * out_stride;                                                      \
+            int64_t i = 0;                                                                    \
+            SILU_MUL_VECTORS(SUFFIX) /* AVX-512 builds: 16 at a time, the rest below */       \
             _Pragma("omp simd")                                                               \
-            for (int64_t i = 0; i < n; i++)                                                   \
-                store_##SUFFIX(o + i, silu_times(load_##SUFFIX(gate + i),                     \
-                                                 load_##SUFFIX(up + i)));                     \
+            for (int64_t j = i; j < n; j++)                                                   \
+                store_##SUFFIX(o + j, silu_times(load_##SUFFIX(gate + j),                     \
+                                                 load_##SUFFIX(up + j)));                     \
         }                                                                                     \
     }
 
@@ -218,41 +220,26 @@ static inline void store16_bf16(bf16 *p, __m512 v) {
         }                                                                                     \
     }
 
-/* silu_mul with the sigmoid's exp(-|g|) as 2^(-|g| log2 e) by exp2_avx512. */
-#define DEFINE_SILU_MUL_AVX512(T, SUFFIX)                                                     \
-    void silu_mul_##SUFFIX(const T *x, T *out, int64_t rows, int64_t n, int64_t x_stride,    \
-                           int64_t out_stride, int threads) {                                 \
-        _Pragma("omp parallel for num_threads(threads) if (rows * n >= PARALLEL_MIN)")        \
-        for (int64_t r = 0; r < rows; r++) {                                                  \
-            const T *gate = x + r * x_stride;                                                 \
-            const T *up = gate + n;                                                           \
-            T *o = out + r * out_stride;                                                      \
-            int64_t i = 0;                                                                    \
-            for (; i + 16 <= n; i += 16) {                                                    \
-                const __m512 g = load16_##SUFFIX(gate + i);                                   \
-                const __m512 e = exp2_avx512(_mm512_mul_ps(                                   \
-                    _mm512_abs_ps(g), _mm512_set1_ps(-1.44269504088896341f)));                \
-                const __m512 one = _mm512_set1_ps(1.0f);                                      \
-                const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(),        \
-                                                              _CMP_GE_OQ);                    \
-                const __m512 sigmoid = _mm512_div_ps(_mm512_mask_mov_ps(e, positive, one),    \
-                                                     _mm512_add_ps(one, e));                  \
-                store16_##SUFFIX(o + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid),              \
-                                                      load16_##SUFFIX(up + i)));              \
-            }                                                                                 \
-            for (; i < n; i++) /* a width off 16 */                                          \
-                store_##SUFFIX(o + i, silu_times(load_##SUFFIX(gate + i),                     \
-                                                 load_##SUFFIX(up + i)));                     \
-        }                                                                                     \
+/* silu_mul's vector part: the sigmoid's exp(-|g|) as 2^(-|g| log2 e) by exp2_avx512. */
+#define SILU_MUL_VECTORS(SUFFIX)                                                              \
+    for (; i + 16 <= n; i += 16) {                                                            \
+        const __m512 g = load16_##SUFFIX(gate + i);                                           \
+        const __m512 e = exp2_avx512(                                                         \
+            _mm512_mul_ps(_mm512_abs_ps(g), _mm512_set1_ps(-1.44269504088896341f)));          \
+        const __m512 one = _mm512_set1_ps(1.0f);                                              \
+        const __mmask16 positive = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_GE_OQ);    \
+        const __m512 sigmoid = _mm512_div_ps(_mm512_mask_mov_ps(e, positive, one),            \
+                                             _mm512_add_ps(one, e));                          \
+        store16_##SUFFIX(o + i, _mm512_mul_ps(_mm512_mul_ps(g, sigmoid),                      \
+                                              load16_##SUFFIX(up + i)));                      \
     }
 
 DEFINE_MOE_SUM_AVX512(float, f32)
 DEFINE_MOE_SUM_AVX512(bf16, bf16)
-DEFINE_SILU_MUL_AVX512(float, f32)
-DEFINE_SILU_MUL_AVX512(bf16, bf16)
 #else
+#define SILU_MUL_VECTORS(SUFFIX)
 DEFINE_MOE_SUM(float, f32)
 DEFINE_MOE_SUM(bf16, bf16)
+#endif
 DEFINE_SILU_MUL(float, f32)
 DEFINE_SILU_MUL(bf16, bf16)
-#endif
