@@ -186,8 +186,8 @@ class LiteLLMDeployment(Deployment):
 
     def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         """Natively where the provider speaks the call's surface, else through litellm."""
-        native = native_of(call.request)
-        if native is not None and native.api in self._native and self._pool is not None:
+        native = native_of(call.request, self._native) if self._pool is not None else None
+        if native is not None:
             url, headers = self._native[native.api]
             stream = bool(call.request.stream)
             pool, body = self._pool, native.upstream_body(self._model, stream=stream)

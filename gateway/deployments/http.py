@@ -75,8 +75,8 @@ class HttpDeployment(Deployment):
 
     def open(self, call: Call, *, request_id: str) -> AsyncIterator[Event]:
         """Natively where the upstream speaks the call's surface, else as chat."""
-        native = native_of(call.request)
-        if native is not None and native.api in self._native:
+        native = native_of(call.request, self._native)
+        if native is not None:
             url, headers = self._native[native.api]
             stream = bool(call.request.stream) or self.streams_whole
             body = native.upstream_body(self.upstream_fields(call)["model"], stream=stream)

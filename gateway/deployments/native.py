@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -94,15 +94,25 @@ class NativeChat(ChatCompletionRequest):
     it: most requests go to deployments that translate, and the body costs a model dump."""
 
     _native: Native | MakeNative | None = PrivateAttr(default=None)
+    # The API of that body, known without making it: a deployment that does not serve the API
+    # (most do not) never pays for the body.
+    _native_api: NativeApi | None = PrivateAttr(default=None)
     # What the client asked beside the body that a native upstream is sent and that can
     # change its answer (Messages' version and betas): the response cache keys on it
     # (`cache_variant`) without making the native body. None: nothing asked.
     _variant: dict[str, Any] | None = PrivateAttr(default=None)
 
 
-def native_of(request: OpenAIRequest) -> Native | None:
-    """The native body a surface attached to the canonical request, if any (made once, on
-    the first ask)."""
+def native_api(request: OpenAIRequest) -> NativeApi | None:
+    """The API of the native body a surface attached to the request, without making it."""
+    return getattr(request, "_native_api", None)
+
+
+def native_of(request: OpenAIRequest, served: Container[str]) -> Native | None:
+    """The native body a surface attached to the canonical request where its API is one of
+    `served` (made once, on the first ask), else None."""
+    if native_api(request) not in served:
+        return None
     native = getattr(request, "_native", None)
     if native is None or isinstance(native, Native):
         return native
@@ -111,8 +121,10 @@ def native_of(request: OpenAIRequest) -> Native | None:
     return made
 
 
-def with_native(request: NativeChat, native: Native | MakeNative) -> NativeChat:
-    request._native = native
+def with_native(request: NativeChat, api: NativeApi, native: Native | MakeNative
+                ) -> NativeChat:
+    """The request carrying its surface's native body of `api` (or how to make it)."""
+    request._native, request._native_api = native, api
     return request
 
 

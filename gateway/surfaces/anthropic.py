@@ -204,7 +204,7 @@ def parse(raw: bytes, *, count_only: bool = False) -> ChatCompletionRequest:
         chat = NativeChat.model_validate(_chat_body(body))
     except ValidationError as exc:
         raise _as_api_error(request_error(exc)) from None
-    return with_native(chat, lambda: Native("messages", body.model_dump(
+    return with_native(chat, "messages", lambda: Native("messages", body.model_dump(
         mode="json", by_alias=True, exclude_none=True, include=NATIVE_FIELDS)))
 
 

@@ -163,7 +163,7 @@ def build(body: ResponsesRequest, *, history: list[dict[str, Any]]) -> Responses
         echo=_echo(body, tools), input_items=items, history=history,
         previous_response_id=body.previous_response_id,
         store=body.store is not False, logprobs=logprobs)
-    with_native(request, lambda: native_body(body, [*history, *items], tools))
+    with_native(request, "responses", lambda: native_body(body, [*history, *items], tools))
     return request
 
 

@@ -24,7 +24,13 @@ from gateway.deployments.config import DeploymentConfig
 from gateway.deployments.external import LiteLLMDeployment
 from gateway.deployments.http import HttpDeployment
 from gateway.deployments.http_pool import HttpPool
-from gateway.deployments.native import MessagesReader, Native, ResponsesReader, native_of
+from gateway.deployments.native import (
+    MessagesReader,
+    Native,
+    ResponsesReader,
+    native_api,
+    native_of,
+)
 from gateway.errors import APIError
 from gateway.surfaces import anthropic, responses
 from tests.gateway.support import loopback_upstream
@@ -38,6 +44,7 @@ from workers.protocol.events import (
     ToolCallDelta,
     Usage,
 )
+from workers.protocol.requests import ChatCompletionRequest
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:litellm"),
               pytest.mark.filterwarnings("ignore:.*ReadOnly:UserWarning")]
@@ -214,7 +221,7 @@ def test_a_messages_body_carries_only_what_was_validated_and_is_sendable():
         "messages": [{"role": "user", "content": "hi"}], "stream": True,
         "workspace_id": "ws_1", "inference_geo": "eu", "diagnostics": {"a": 1},
         "thinking": {"type": "disabled"}, "speed": "fast"}).encode())
-    native = native_of(request)
+    native = native_of(request, {"messages"})
     assert native is not None and native.api == "messages"
     assert native.body == {"max_tokens": 5, "system": "Be brief.", "stop_sequences": ["x"],
                            "messages": [{"role": "user", "content": "hi"}]}
@@ -228,7 +235,7 @@ def test_a_messages_call_carries_the_clients_version_and_betas():
     anthropic.with_headers(request, Headers(raw=[
         (b"anthropic-version", b"2024-10-22"), (b"anthropic-beta", b"b-1, ,a.2"),
         (b"anthropic-beta", b"a.2,c_3")]))
-    native = native_of(request)
+    native = native_of(request, {"messages"})
     assert native is not None and (native.version, native.betas) == ("2024-10-22",
                                                                      ("b-1", "a.2", "c_3"))
     own = {"x-api-key": "sk-a", "anthropic-version": "2023-06-01", "anthropic-beta": "c_3,z"}
@@ -257,7 +264,7 @@ def test_a_responses_body_is_the_whole_conversation_with_store_off():
         "input": [{"type": "function_call_output", "call_id": "call_1", "output": "18C"}],
     }).encode())
     request = responses.build(body, history=history)
-    native = native_of(request)
+    native = native_of(request, {"responses"})
     assert native is not None and native.api == "responses"
     assert native.body == {
         "instructions": "Be brief.", "max_output_tokens": 9, "reasoning": {"effort": "low"},
@@ -419,3 +426,20 @@ async def test_a_stream_cut_before_its_end_fails_billing_what_came(pool):
         events = [event async for event in deployment.open(call, request_id="r")]
     assert events[-1] == Failed(502, "the upstream ended the stream early", "upstream_error")
     assert (call.usage.completion_tokens, call.usage.finished) == (2, False)
+
+
+def test_a_deployment_that_does_not_serve_the_api_never_makes_the_native_body(monkeypatch):
+    made = []
+    real = responses.native_body
+    monkeypatch.setattr("gateway.surfaces.responses.translate.native_body",
+                        lambda *a: made.append(1) or real(*a))
+    request = responses.parse(json.dumps({"model": "m", "input": "hi"}).encode())
+    assert native_api(request) == "responses"
+    assert native_of(request, {"messages"}) is None and native_of(request, ()) is None
+    assert made == []  # the body costs a model dump: not paid for a translating deployment
+    native = native_of(request, {"responses"})
+    assert native is not None and native.body["input"][0]["content"][0]["text"] == "hi" and made == [1]
+    assert native_of(request, {"responses"}) is native and made == [1]  # made once
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert native_api(chat) is None and native_of(chat, {"responses", "messages"}) is None
