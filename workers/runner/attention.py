@@ -25,14 +25,19 @@ dim]` contiguous, the layout SDPA reads fastest, in one `index_select`.
 Grouped-query attention folds the query heads of a KV head into the query length, so K and V
 are never repeated.
 
-Sliding windows (Mistral, Gemma 2 and 3) and soft-capped scores (Gemma 2) are arguments of
-`paged_attention`, per layer, on the one metadata of the step: a layer whose window cuts some
-context gets a variant of it (`AttentionMetadata.for_layer`, built once a step) whose gathers
-start at the block of each query's first visible position, so blocks wholly before the window
-are never read. The decode kernels start their walk at len - window, the vec and AMX prefill
-kernels mask per query, the flash split takes the window in runs (`flash_prefill`), and the
-masked path cuts its mask. Soft-capping is done by both decode kernels and by the torch
-paths; a soft-capped layer's prefill chunks take `masked` (`_prefill_kernel_for`).
+Sliding windows (Mistral, Gemma 2 and 3, gpt-oss), soft-capped scores (Gemma 2) and attention
+sinks (gpt-oss) are arguments of `paged_attention`, per layer, on the one metadata of the step:
+a layer whose window cuts some context gets a variant of it (`AttentionMetadata.for_layer`,
+built once a step) whose gathers start at the block of each query's first visible position, so
+blocks wholly before the window are never read. The decode kernels start their walk at
+len - window, the vec and AMX prefill kernels mask per query, the flash split takes the window
+in runs (`flash_prefill`), and the masked path cuts its mask. Soft-capping is done by both
+decode kernels and by the torch paths; a soft-capped layer's prefill chunks take `masked`
+(`_prefill_kernel_for`). Sinks (a learned logit per head that joins each query's softmax
+denominator and takes no value) are done by the C decode kernel and the torch paths: a sink
+layer's prefill chunks take `masked`, and on CUDA its decode rows take the torch groups, the
+Triton kernel having no sink term (it cannot be tested without a GPU here;
+`_decode_kernel_takes`).
 
 An int8 pool (`kv_cache_dtype: int8`, `kv_quant`) has rows of head_dim int8 values and their
 float32 scale: writes quantize each new row, gathers dequantize what they gathered (into a
@@ -149,48 +154,57 @@ class AttentionMetadata:
     workspace: GatherWorkspace | None = None  # None: a fresh one for this call
     prefill_kernel: str = "masked"  # `amx`, `vec`: every prefill chunk through one C kernel
     batch: _Batch | None = None
-    # (window, soft-capped) -> the metadata of layers that attend that way, built once a step
-    variants: dict[tuple[int | None, bool], AttentionMetadata] = field(default_factory=dict)
+    # (window, soft-capped, sinks) -> the metadata of layers that attend that way, built once
+    # a step
+    variants: dict[tuple[int | None, bool, bool], AttentionMetadata] = field(
+        default_factory=dict)
     window: int | None = None  # the window this metadata's pieces and masks were cut to
 
-    def for_layer(self, window: int | None, softcap: float | None) -> AttentionMetadata:
-        """The metadata of a layer that attends within `window` positions and/or soft-caps
-        its scores: itself where neither changes anything for this batch (no context passes
-        the window), else a variant built once per step and shared by every such layer.
+    def for_layer(self, window: int | None, softcap: float | None,
+                  sinks: bool = False) -> AttentionMetadata:
+        """The metadata of a layer that attends within `window` positions, soft-caps its
+        scores and/or has attention sinks: itself where none changes anything for this batch
+        (no context passes the window), else a variant built once per step and shared by
+        every such layer.
 
         A variant reads fewer blocks: decode groups and prefill chunks gather only the blocks
         that hold a position some query of theirs sees, and their masks are cut to the
         window. The decode kernels take `window` and `softcap` themselves. The rule for
         soft-capping is here and only here: the fused prefill kernels (`flash`, `vec`,
-        `amx`) do not soft-cap, so a soft-capped layer's prefill chunks take `masked`.
+        `amx`) do not soft-cap, so a soft-capped layer's prefill chunks take `masked`; the
+        same for sinks.
         """
-        if window is None and softcap is None:
+        if window is None and softcap is None and not sinks:
             return self
         batch = self.batch
         if batch is None:
-            raise ValueError("a sliding window or soft-capping needs metadata from "
+            raise ValueError("a sliding window, soft-capping or sinks need metadata from "
                              "build_metadata")
         if window is not None and window < 1:
             raise ValueError(f"a sliding window must be at least 1 position, not {window}")
         if window is not None and window >= batch.longest:
             window = None  # every query already sees its whole context
-        key = (window, softcap is not None)
-        if key == (None, False):
+        key = (window, softcap is not None, sinks)
+        if key == (None, False, False):
             return self
         variant = self.variants.get(key)
         if variant is None:
-            kernel = _prefill_kernel_for(self.prefill_kernel, window, softcap)
+            kernel = _prefill_kernel_for(self.prefill_kernel, window, softcap, sinks)
             decodes = batch.seqs[: batch.num_decodes]
             decode_batch, groups = self.decode_batch, self.decode_groups
             if decode_batch is not None and not _decode_kernel_takes(decode_batch.kernel,
-                                                                     window, softcap):
+                                                                     window, softcap, sinks):
+                if batch.longest == UNBOUNDED:  # fixed tables (a graph): no rows to group
+                    raise ValueError(f"decode kernel {decode_batch.kernel!r} cannot serve "
+                                     "this layer inside a captured graph")
                 decode_batch, groups = None, _decode_groups(decodes, batch, window)
             elif decode_batch is None and window is not None:
                 groups = _decode_groups(decodes, batch, window)
             prefills = self.prefills
-            if window is not None or softcap is not None or kernel != self.prefill_kernel:
+            explicit = softcap is not None or sinks  # scores written out, not one SDPA call
+            if window is not None or explicit or kernel != self.prefill_kernel:
                 prefills = _prefill_chunks(batch.seqs[batch.num_decodes:], batch.num_decodes,
-                                           batch, kernel, window, softcap is not None)
+                                           batch, kernel, window, explicit)
             variant = AttentionMetadata(
                 write_rows=self.write_rows, decode_groups=groups, prefills=prefills,
                 decode_batch=decode_batch, workspace=self.workspace, prefill_kernel=kernel,
@@ -205,19 +219,27 @@ PREFILL_KERNELS = ("flash", "masked", "amx", "vec", "causal")
 _CHUNK_KERNELS = {"amx": amx_prefill.prefill_attention, "vec": vec_prefill.prefill_attention}
 
 
-def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None) -> str:
-    """Which prefill kernel serves a layer with this window and soft-capping: the one place
-    that routes a layer away from a kernel that cannot serve it. Every kernel but `causal`
-    takes a window (a causal bias has no window: such layers take `masked` where the window
-    binds); no fused prefill kernel soft-caps, so soft-capped layers take `masked`."""
-    if softcap is not None or (kernel == "causal" and window is not None):
+def _prefill_kernel_for(kernel: str, window: int | None, softcap: float | None,
+                        sinks: bool = False) -> str:
+    """Which prefill kernel serves a layer with this window, soft-capping and sinks: the one
+    place that routes a layer away from a kernel that cannot serve it. Every kernel but
+    `causal` takes a window (a causal bias has no window: such layers take `masked` where the
+    window binds); no fused prefill kernel soft-caps or has a sink term, so soft-capped and
+    sink layers take `masked`."""
+    if softcap is not None or sinks or (kernel == "causal" and window is not None):
         return "masked"
     return kernel
 
 
-def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None) -> bool:
-    """Whether an in-place decode kernel serves a layer with this window and soft-capping
-    (else its decode rows take the torch groups): both kernels take both."""
+def _decode_kernel_takes(kernel: str, window: int | None, softcap: float | None,
+                         sinks: bool = False) -> bool:
+    """Whether an in-place decode kernel serves a layer with this window, soft-capping and
+    sinks (else its decode rows take the torch groups): both kernels take windows and
+    soft-capping; only the C kernel (`cpu`) takes sinks. The Triton kernel has no sink term
+    (it cannot be tested without a GPU here), so on CUDA a sink layer's decode rows take the
+    torch groups."""
+    if sinks:
+        return kernel == "cpu"
     return kernel in ("cpu", "triton")
 
 # Decode rows are grouped by context length; a group never holds more rows than this, so
@@ -349,12 +371,13 @@ def _decode_groups(
 
 def _prefill_chunks(
     chunks: Sequence[tuple[int, int, list[int]]], q_start: int, batch: _Batch, kernel: str,
-    window: int | None, softcapped: bool,
+    window: int | None, explicit: bool,
 ) -> list[PrefillChunk]:
     """The prefill chunks' pieces (and masks, for `masked`). With a window, a chunk's gather
     starts at the block of its first query's first visible position, and `cached` counts the
     gathered positions before the chunk (not all of them). A `masked` chunk at 0 runs on its
-    own K/V with no mask, unless the window cuts it or its scores are soft-capped."""
+    own K/V with no mask, unless the window cuts it or its scores are written out (`explicit`:
+    soft-capped, or with sinks), which one causal SDPA call cannot do."""
     bs, num_kv_heads, device = batch.block_size, batch.num_kv_heads, batch.device
     prefills = []
     for start, q_len, table in chunks:
@@ -374,7 +397,7 @@ def _prefill_chunks(
                 pieces = _pieces(blocks, num_kv_heads).to(device, non_blocking=True)
                 prefills.append(PrefillChunk(q_start, q_len, pieces, mask=None,
                                              cached=start - base))
-        elif start == 0 and (window is None or q_len <= window) and not softcapped:
+        elif start == 0 and (window is None or q_len <= window) and not explicit:
             prefills.append(PrefillChunk(q_start, q_len, pieces=None, mask=None))
         else:  # the pool holds the chunk's own K/V too: gather through its last position
             blocks = torch.tensor([table[skip : -(-(start + q_len) // bs)]], dtype=torch.long)
@@ -448,6 +471,7 @@ def paged_attention(
     *,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [tokens, heads, dim]; k, v: this step's [tokens, kv_heads, dim], already pooled.
 
@@ -456,17 +480,21 @@ def paged_attention(
     positions its own included (`first_visible`); None attends to the whole context.
     `softcap`: attention logit soft-capping (Gemma 2), `scores = tanh(scores / softcap) *
     softcap` on the scaled scores before the softmax; None leaves them as they are.
-    Every path honours both, or `AttentionMetadata.for_layer` routes the layer to one that
-    does.
+    `sinks`: [heads] attention sinks (gpt-oss), one logit per head that joins every query's
+    softmax denominator and adds no value: weights `exp(s_j) / (exp(sink) + sum_j exp(s_j))`.
+    Every path honours all three, or `AttentionMetadata.for_layer` routes the layer to one
+    that does.
     """
-    meta = meta.for_layer(window, softcap)
+    meta = meta.for_layer(window, softcap, sinks is not None)
     window = meta.window  # None where no context of this batch passes the window
     parts = []
     if meta.decode_batch is not None:
         batch = meta.decode_batch
         kernel = _decode_kernel(batch.kernel)
+        extra = {} if sinks is None else {"sinks": sinks}  # only the C kernel takes sinks
         parts.append(kernel(q[: batch.num_rows], k_cache, v_cache, batch.block_tables,
-                            batch.seq_lens, scale, block_size, window=window, softcap=softcap))
+                            batch.seq_lens, scale, block_size, window=window, softcap=softcap,
+                            **extra))
     workspace = meta.workspace or GatherWorkspace()
 
     def gather(name: str, cache: torch.Tensor, pieces: torch.Tensor) -> torch.Tensor:
@@ -475,7 +503,7 @@ def paged_attention(
     for group in meta.decode_groups:
         rows = slice(group.row_start, group.row_start + group.num_rows)
         k_ctx, v_ctx = gather("k", k_cache, group.pieces), gather("v", v_cache, group.pieces)
-        parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale, softcap))
+        parts.append(_decode(q[rows], k_ctx, v_ctx, group, scale, softcap, sinks))
     whole = _CHUNK_KERNELS.get(meta.prefill_kernel)
     for chunk in meta.prefills:
         rows = slice(chunk.q_start, chunk.q_start + chunk.q_len)
@@ -502,7 +530,8 @@ def paged_attention(
                          else cached_chunk_attention(q[rows], ctx_k, ctx_v, k[rows], v[rows],
                                                      scale, window=window))
         else:
-            parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale, softcap))
+            parts.append(_prefill_cached(q[rows], ctx_k, ctx_v, chunk.mask, scale, softcap,
+                                         sinks))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -516,19 +545,31 @@ def _decode_kernel(name: str) -> Callable[..., torch.Tensor]:
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-            scale: float, softcap: float | None) -> torch.Tensor:
-    """SDPA with an additive mask; with soft-capping, the same written out (SDPA has no
-    hook between the scores and the softmax), in float32."""
-    if softcap is None:
+            scale: float, softcap: float | None, sink: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """SDPA with an additive mask; with soft-capping or a sink, the same written out (SDPA
+    has no hook between the scores and the softmax), in float32. `sink`: each query row's
+    sink logit, shaped like the scores with one column; it joins the softmax and is dropped
+    from the weights."""
+    if softcap is None and sink is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale / softcap)
-    scores = scores.tanh_().mul_(softcap).add_(mask)
-    return torch.matmul(torch.softmax(scores, dim=-1), v.float()).to(q.dtype)
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2))
+    if softcap is None:
+        scores = scores.mul_(scale).add_(mask)
+    else:
+        scores = scores.mul_(scale / softcap).tanh_().mul_(softcap).add_(mask)
+    if sink is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        columns = scores.shape[-1]
+        sink = sink.float().expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :columns]
+    return torch.matmul(weights, v.float()).to(q.dtype)
 
 
 def _decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: DecodeGroup, scale: float,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """k, v: the group's gathered pieces, [rows * kv_heads * blocks * block_size, dim]."""
     batch, num_heads, head_dim = q.shape
@@ -536,8 +577,11 @@ def _decode(
     k = k.view(batch, -1, context, head_dim)
     v = v.view(batch, -1, context, head_dim)
     num_kv_heads = k.shape[1]
-    qg = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = _attend(qg, k, v, group.mask, scale, softcap)
+    group_size = num_heads // num_kv_heads
+    qg = q.view(batch, num_kv_heads, group_size, head_dim)
+    # query head kv * group + g is row g of KV head kv
+    sink = None if sinks is None else sinks.view(1, num_kv_heads, group_size, 1)
+    o = _attend(qg, k, v, group.mask, scale, softcap, sink)
     return o.reshape(batch, num_heads, head_dim)
 
 
@@ -585,7 +629,7 @@ def causal_mask(start_pos: int, q_len: int, group: int, device: torch.device, *,
 
 def _prefill_cached(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """k, v: the gathered context, [kv_heads * whole blocks, dim]; the mask cuts it short."""
     q_len, num_heads, head_dim = q.shape
@@ -596,7 +640,10 @@ def _prefill_cached(
     # [q_len, kvh*group, d] -> [kvh, group*q_len, d]: row r of a group is query r % q_len.
     qg = q.view(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
     qg = qg.reshape(num_kv_heads, group * q_len, head_dim)
-    o = _attend(qg, k, v, mask, scale, softcap)
+    sink = None
+    if sinks is not None:  # row g * q_len + i of KV head kv is query head kv * group + g
+        sink = sinks.view(num_kv_heads, group, 1).repeat_interleave(q_len, dim=1)
+    o = _attend(qg, k, v, mask, scale, softcap, sink)
     o = o.view(num_kv_heads, group, q_len, head_dim).permute(2, 0, 1, 3)
     return o.reshape(q_len, num_heads, head_dim)
 
@@ -605,11 +652,13 @@ def reference_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     seqs: list[tuple[int, int, int, list[int]]], block_size: int, scale: float, *,
     window: int | None = None, softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain per-sequence, per-head softmax attention in float64: the yardstick for tests.
 
     `seqs` holds (q_start, q_len, start_pos, block_table) for each sequence of the batch;
-    `window` and `softcap` as `paged_attention` takes them, applied to the whole context.
+    `window`, `softcap` and `sinks` as `paged_attention` takes them, applied to the whole
+    context (a sink: one more logit in each head's softmax, whose weight is thrown away).
     """
     out = torch.empty_like(q)
     group = q.shape[1] // k_cache.shape[1]
@@ -630,7 +679,12 @@ def reference_attention(
         visible = keys <= pos
         if window is not None:
             visible &= keys > pos - window
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is not None:
+            sink = sinks.double().view(-1, 1, 1).expand(-1, q_len, 1)
+            weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :ctx]
+        else:
+            weights = torch.softmax(scores, dim=-1)
         out[q_start : q_start + q_len] = torch.einsum("hqk,khd->qhd", weights, v).to(q.dtype)
     return out
 

@@ -46,7 +46,8 @@ def load_library(march: str = "native") -> ctypes.CDLL:
     lib = cbuild.build_and_load("paged_decode", "CPU decode kernel", march)
     lib.paged_decode.restype = ctypes.c_int
     lib.paged_decode.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [
-        ctypes.c_int64, ctypes.c_int64, ctypes.c_float] + [ctypes.c_int] * 4 + [ctypes.c_float]
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_float] + [ctypes.c_int] * 4 + [
+        ctypes.c_float, ctypes.c_void_p]
     return lib
 
 
@@ -64,8 +65,8 @@ def available() -> bool:
 def paged_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, block_size: int,
-    *, window: int | None = None, softcap: float | None = None, plain: bool = False,
-    march: str = "native",
+    *, window: int | None = None, softcap: float | None = None,
+    sinks: torch.Tensor | None = None, plain: bool = False, march: str = "native",
 ) -> torch.Tensor:
     """q: [rows, heads, dim] (rows may be strided); tables [rows, blocks] and lens int32.
     The pool is float32 or bfloat16 like q, or int8 rows with their scales (`kv_quant`) for a
@@ -74,6 +75,8 @@ def paged_decode(
     `window`: each row attends to its last `window` positions, its own included (HF's
     sliding window, `attention.first_visible`); the blocks before them are not read.
     `softcap`: scores become `softcap * tanh(scores / softcap)` before the softmax.
+    `sinks`: [heads] attention sinks (gpt-oss), one logit per head in each row's softmax
+    denominator that adds no value (each row's online softmax starts from it).
 
     `plain` forces the portable loops where the build has AVX-512; `march` picks another
     build target (tests cover them all)."""
@@ -87,13 +90,16 @@ def paged_decode(
     assert block_tables.dtype == seq_lens.dtype == torch.int32
     assert block_tables.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty(rows, num_heads, head_dim, dtype=q.dtype)
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
+        assert sinks.shape == (num_heads,)
     lib = load_library(march)
     status = lib.paged_decode(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
         block_tables.data_ptr(), seq_lens.data_ptr(),
         rows, num_heads, num_kv_heads, head_dim, block_size, block_tables.shape[1],
         q.stride(0), out.stride(0), scale, torch.get_num_threads(), int(plain), kind,
-        window or 0, softcap or 0.0)
+        window or 0, softcap or 0.0, None if sinks is None else sinks.data_ptr())
     if status != 0:
         raise ValueError("shape past the CPU decode kernel's limits "
                          f"(group <= {MAX_GROUP}, head_dim <= {MAX_DIM}, block <= {MAX_BLOCK})")

@@ -17,7 +17,9 @@
  * A sliding window (`window` > 0) starts each row's walk at position len - window, in the
  * middle of a block where it falls there: the blocks before it are never read. Soft-capping
  * (`softcap` > 0, Gemma 2) maps each block's scores through softcap * tanh(s / softcap)
- * before they enter the softmax.
+ * before they enter the softmax. Attention sinks (`sinks` not NULL, gpt-oss: one logit per
+ * query head that joins the softmax's denominator and adds no value) start each row's online
+ * softmax at that logit: running max the sink, running sum exp(sink - sink) = 1.
  *
  * Built at run time by workers/runner/cpu_decode.py with the flags in cbuild.FLAGS.
  */
@@ -342,7 +344,7 @@ static void widen_block(const bf16 *src, int n, int dim, float *dst) {
 static inline __attribute__((always_inline)) void decode_task(
     const void *q, const char *k, const char *v, void *out, const int32_t *table, int len,
     int heads, int group, int dim, int block_size, int64_t block_stride, int kind, float scale,
-    int wide, int window, float cap, float *kf, float *vf) {
+    int wide, int window, float cap, const float *sinks, float *kf, float *vf) {
     float qs[MAX_ROWS][MAX_DIM];
     float acc[MAX_ROWS][MAX_DIM];
     float m[MAX_ROWS], l[MAX_ROWS];
@@ -361,8 +363,8 @@ static inline __attribute__((always_inline)) void decode_task(
             qs[r][d] = x * scale;
             acc[r][d] = 0.0f;
         }
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
+        m[r] = sinks ? sinks[r] : -INFINITY; /* a sink: one more term, exp(sink - m) */
+        l[r] = sinks ? 1.0f : 0.0f;
     }
     /* the first position the row sees: len - window with a window, else 0 */
     const int lo = window > 0 && len > window ? len - window : 0;
@@ -428,10 +430,11 @@ static inline __attribute__((always_inline)) void decode_task(
     static void decode_task_##SUFFIX(const void *q, const char *k, const char *v, void *out,  \
                                      const int32_t *table, int len, int heads, int group,     \
                                      int dim, int block_size, int64_t block_stride,           \
-                                     float scale, int wide, int window, float cap) {          \
+                                     float scale, int wide, int window, float cap,            \
+                                     const float *sinks) {                                    \
         float kf[BUFFERED ? block_size * dim : 1], vf[BUFFERED ? block_size * dim : 1];       \
         decode_task(q, k, v, out, table, len, heads, group, dim, block_size, block_stride,    \
-                    KIND, scale, wide, window, cap, kf, vf);                                  \
+                    KIND, scale, wide, window, cap, sinks, kf, vf);                           \
     }
 
 DEFINE_DECODE_TASK(f32, POOL_F32, 0)
@@ -443,13 +446,15 @@ DEFINE_DECODE_TASK(bf16, POOL_BF16, 1)
  * bfloat16 with a bfloat16 pool, float32 otherwise. Sequences x chunks of KV heads (as many
  * heads per task as the row buffers hold) are spread over OpenMP threads; `plain` forces the
  * portable loops. `window` > 0: each row attends to its last `window` positions (its own
- * included); `softcap` > 0: scores are soft-capped. Returns 0, or -1 when a shape is past this kernel's fixed limits or `kind`
+ * included); `softcap` > 0: scores are soft-capped; `sinks`: NULL, or num_heads float32
+ * sink logits. Returns 0, or -1 when a shape is past this kernel's fixed limits or `kind`
  * is unknown (checked by the caller first; this is the last guard before a stack overrun). */
 int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *out,
                  const int32_t *tables, const int32_t *lens, int num_seqs, int num_heads,
                  int num_kv_heads, int head_dim, int block_size, int table_stride,
                  int64_t q_token_stride, int64_t out_token_stride, float scale,
-                 int num_threads, int plain, int kind, int window, float softcap) {
+                 int num_threads, int plain, int kind, int window, float softcap,
+                 const float *sinks) {
     const char *k_cache = k_pool, *v_cache = v_pool;
     const int group = num_heads / num_kv_heads;
     if (group > MAX_GROUP || head_dim > MAX_DIM || block_size > MAX_BLOCK) return -1;
@@ -464,7 +469,7 @@ int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *ou
     const int chunks = (num_kv_heads + per_task - 1) / per_task;
     const int tasks = num_seqs * chunks;
     void (*task_fn)(const void *, const char *, const char *, void *, const int32_t *, int, int,
-                    int, int, int, int64_t, float, int, int, float) =
+                    int, int, int, int64_t, float, int, int, float, const float *) =
         kind == POOL_I8 ? decode_task_i8 : kind == POOL_BF16 ? decode_task_bf16
                                                              : decode_task_f32;
 #pragma omp parallel for num_threads(num_threads) schedule(dynamic, 1)
@@ -475,7 +480,8 @@ int paged_decode(const void *q, const void *k_pool, const void *v_pool, void *ou
         const int64_t o_off = (seq * out_token_stride + (int64_t)h * group * head_dim) * io_bytes;
         task_fn((const char *)q + q_off, k_cache + h * head_stride, v_cache + h * head_stride,
                 (char *)out + o_off, tables + (int64_t)seq * table_stride, lens[seq], heads,
-                group, head_dim, block_size, block_stride, scale, wide, window, softcap);
+                group, head_dim, block_size, block_stride, scale, wide, window, softcap,
+                sinks ? sinks + (int64_t)h * group : NULL);
     }
     return 0;
 }

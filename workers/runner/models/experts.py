@@ -66,25 +66,32 @@ MIXTRAL_NAMES = ExpertNames(gate="w1", up="w3", down="w2")
 
 
 class Stacked(nn.Module):
-    """One weight per expert, stacked: `weight` [experts, rows, in]."""
+    """One weight per expert, stacked: `weight` [experts, rows, in]; with `bias`, one bias
+    per expert too, `bias` [experts, rows] (gpt-oss)."""
 
-    def __init__(self, experts: int, rows: int, columns: int) -> None:
+    def __init__(self, experts: int, rows: int, columns: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(experts, rows, columns))
+        self.bias = nn.Parameter(torch.empty(experts, rows)) if bias else None
 
 
 class Experts(nn.Module):
     """The experts' stacked weights and the routed matmuls over them."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int,
-                 names: ExpertNames) -> None:
+                 names: ExpertNames, bias: bool = False) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.hidden = hidden
         self.intermediate = intermediate
         self.names = names
-        self.gate_up_proj = Stacked(num_experts, 2 * intermediate, hidden)
-        self.down_proj = Stacked(num_experts, hidden, intermediate)
+        self.gate_up_proj = Stacked(num_experts, 2 * intermediate, hidden, bias)
+        self.down_proj = Stacked(num_experts, hidden, intermediate, bias)
+
+    def biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(gate_up bias [experts, 2 * intermediate], down bias [experts, hidden]), or None."""
+        gate_up, down = self.gate_up_proj.bias, self.down_proj.bias
+        return None if gate_up is None or down is None else (gate_up, down)
 
     def checkpoint_sources(self) -> dict[str, tuple[str, int, int]]:
         """`<e>.gate`/`<e>.up` into expert e's rows of gate_up_proj, `<e>.down` into its
@@ -101,13 +108,16 @@ class Experts(nn.Module):
 class SparseMoE(nn.Module):
     """Router (`gate`, hidden -> experts) and `experts`; forward takes `(x, lora)` like the
     MLP. `round_weights`: the router's weights are rounded to the model dtype before they scale
-    the experts' outputs (Qwen3-MoE); otherwise they scale in float32 (Mixtral)."""
+    the experts' outputs (Qwen3-MoE); otherwise they scale in float32 (Mixtral). `bias`: the
+    router and every expert's projections have biases (gpt-oss). A family whose checkpoint
+    lays the experts out otherwise names its `Experts` subclass in `experts_type`."""
 
     quantizable = False  # int8 weights are refused by name (`quantization.check_quantizable`)
+    experts_type: type[Experts] = Experts
 
     def __init__(self, arch: Arch, layer_idx: int, *, num_experts: int, top_k: int,
                  intermediate: int, norm_topk_prob: bool, names: ExpertNames = ExpertNames(),
-                 round_weights: bool = True) -> None:
+                 round_weights: bool = True, bias: bool = False) -> None:
         super().__init__()
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{arch.family}: num_experts_per_tok {top_k} must be in "
@@ -123,8 +133,9 @@ class SparseMoE(nn.Module):
         self.norm_topk_prob = norm_topk_prob
         self.round_weights = round_weights
         self.act = ACTIVATIONS[arch.activation]
-        self.gate = Linear(arch.hidden_size, num_experts, bias=False)
-        self.experts = Experts(num_experts, arch.hidden_size, intermediate, names)
+        self.gate = Linear(arch.hidden_size, num_experts, bias=bias)
+        self.experts = self.experts_type(num_experts, arch.hidden_size, intermediate, names,
+                                         bias)
         self.kernel = "auto"  # EXPERT_KERNELS
         self.fused = False  # SiLU-and-multiply through the C kernel (`use_elementwise`)
         self.tiles: tuple[torch.Tensor, torch.Tensor] | None = None  # `pack_experts`
@@ -181,13 +192,17 @@ class SparseMoE(nn.Module):
         kernel = pick_expert_kernel(self.kernel, x)
         if self.few_rows_kernel is not None and experts.numel() < FEW_ROWS * self.num_experts:
             kernel = self.few_rows_kernel
+        biases = self.experts.biases()
         if self.upcast:  # float32 experts: widened in, rounded once out
+            if biases is not None:
+                biases = (biases[0].float(), biases[1].float())
             out = routed_experts(x.float(), weights.float(), experts, (), (), self._activate,
-                                 kernel=kernel, tiles=self.tiles, fused=self.fused)
+                                 kernel=kernel, tiles=self.tiles, fused=self.fused,
+                                 biases=biases)
             return out.to(x.dtype)
         return routed_experts(x, weights, experts, self.experts.gate_up_proj.weight,
                               self.experts.down_proj.weight, self._activate, kernel=kernel,
-                              tiles=self.tiles, fused=self.fused)
+                              tiles=self.tiles, fused=self.fused, biases=biases)
 
     def _activate(self, gate_up: torch.Tensor) -> torch.Tensor:
         if self.fused and self.act is F.silu:
@@ -225,11 +240,14 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
                    activate: Callable[[torch.Tensor], torch.Tensor], *, kernel: str = "loop",
                    linear: LinearKernel = F.linear,
                    tiles: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   fused: bool = False) -> torch.Tensor:
+                   fused: bool = False,
+                   biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """sum over k of weights[t, k] * expert_{experts[t, k]}(x[t]) for every token t, where
     expert e(v) = down[e] @ activate(gate_up[e] @ v). `gate_up` [E, 2n, H], `down` [E, H, n]
     (stacked; for `loop`, any sequence of per-expert weights `linear` takes; for the tile
     kernels, `amx` and `dot`, `tiles` holds both packed by `cpu_amx.pack_experts` instead).
+    `biases` (gpt-oss): [E, 2n] and [E, H], expert e's added to each projection's output,
+    the rows of a run taking their expert's row (one gather per projection).
 
     The pairs' outputs come out in the experts' order; each token's are gathered back and
     summed, weighted: with `fused` (the C kernels are on), in one pass (`cpu_fused.moe_sum`,
@@ -244,6 +262,11 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     pairs = flat.numel()
     rows = torch.index_select(x, 0, order // top_k,
                               out=scratch("rows", pairs, hidden_size, x))
+    if biases is not None:  # each pair's expert's bias rows; `loop` passes them to `linear`
+        by_expert = flat[order]
+        gate_up_bias, down_bias = biases
+        if kernel != "loop":
+            activate = _biased(activate, gate_up_bias.index_select(0, by_expert))
     if kernel in PACKED_KERNELS:
         assert tiles is not None
         offsets = torch.zeros(num_experts + 1, dtype=torch.int64)
@@ -270,8 +293,13 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
         for e, count in enumerate(counts.tolist()):
             if count:
                 run = slice(start, start + count)
-                out[run] = linear(activate(linear(rows[run], gate_up[e], None)), down[e], None)
+                bias_in, bias_out = (None, None) if biases is None else (biases[0][e],
+                                                                         biases[1][e])
+                out[run] = linear(activate(linear(rows[run], gate_up[e], bias_in)), down[e],
+                                  bias_out)
                 start += count
+    if biases is not None and kernel != "loop":
+        out.add_(down_bias.index_select(0, by_expert))
     back = torch.empty_like(order)
     back[order] = torch.arange(pairs, device=order.device)
     if fused:
@@ -282,6 +310,13 @@ def routed_experts(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
         return torch.bmm(weights.unsqueeze(1), gathered).squeeze(1)
     # float32 weights (Mixtral): each product in float32, rounded, then summed, as HF does
     return (gathered * weights.unsqueeze(-1)).to(x.dtype).sum(dim=1)
+
+
+def _biased(activate: Callable[[torch.Tensor], torch.Tensor], bias: torch.Tensor
+            ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`activate` of the gate/up projection's output after its pairs' bias rows are added
+    (in place: the output is the layer's own buffer)."""
+    return lambda gate_up: activate(gate_up.add_(bias))
 
 
 @functools.cache

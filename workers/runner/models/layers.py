@@ -9,9 +9,9 @@ base matmul.
 What a family may change (`Arch`, filled by each family module from its config): biases on
 q/k/v and o, RMSNorm over each head of q and k, norms that scale by (1 + w), a scaled
 embedding, norms after attention and after the MLP too, the MLP's activation, the attention
-scale, attention and final logit soft-capping, a sliding window and a RoPE table per layer,
-and the MLP itself (`Arch.mlp`: a mixture-of-experts family gives its experts block; it takes
-`(x, lora)` and returns the block's output).
+scale, attention and final logit soft-capping, attention sinks, a sliding window and a RoPE
+table per layer, and the MLP itself (`Arch.mlp`: a mixture-of-experts family gives its experts
+block; it takes `(x, lora)` and returns the block's output).
 
 Layers pass the residual stream beside their output, so the residual add and the next RMSNorm
 are one step; with `elementwise="cpu"` that step, SiLU-and-multiply and RoPE are each one pass
@@ -80,6 +80,9 @@ class Arch:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None  # tanh(scores / cap) * cap before the softmax
     final_softcap: float | None = None  # the same on the logits
+    # a learned logit per query head (`self_attn.sinks`) in every softmax's denominator,
+    # adding no value (gpt-oss)
+    attn_sinks: bool = False
     # per layer: its sliding window (a query sees the `window` most recent positions, itself
     # included) or None, and the name of its RoPE table (a key of `ropes`)
     windows: tuple[int | None, ...] = ()
@@ -195,6 +198,7 @@ class Attention(nn.Module):
             window = None  # no sequence outgrows it: full attention is the same
         self.window = window
         self.softcap = arch.attn_softcap
+        self.sinks = nn.Parameter(torch.zeros(arch.num_heads)) if arch.attn_sinks else None
 
     def checkpoint_sources(self) -> dict[str, tuple[str, int, int]]:
         """Checkpoint module -> (our module, first output row, rows): q/k/v into qkv_proj."""
@@ -234,7 +238,7 @@ class Attention(nn.Module):
         else:
             write_kv(k_cache, v_cache, k, v, meta.write_rows)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale, block_size,
-                              window=self.window, softcap=self.softcap)
+                              window=self.window, softcap=self.softcap, sinks=self.sinks)
         out = out.reshape(num_tokens, self.q_size)
         projected = self.o_proj(out)
         if lora is not None:

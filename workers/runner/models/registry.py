@@ -45,6 +45,7 @@ FAMILIES = (
     Family("phi3", ("Phi3ForCausalLM",), ("phi3",)),
     Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3_moe",)),
     Family("mixtral", ("MixtralForCausalLM",), ("mixtral",)),
+    Family("gpt_oss", ("GptOssForCausalLM",), ("gpt_oss",)),
 )
 _BY_ARCHITECTURE = {a: f for f in FAMILIES for a in f.architectures}
 _BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

@@ -2,11 +2,15 @@
 
 Every checkpoint name maps to one of our parameters, or to rows of one: a module with
 `checkpoint_sources()` (attention's q/k/v, the MLP's gate/up, an experts block's experts)
-says which of its checkpoint modules land where in its fused ones. Everything else is the
+says which of its checkpoint modules land where in its fused ones; a module with
+`checkpoint_conversions()` names checkpoint tensors stored in another layout and how each is
+turned into its parameter (gpt-oss's stacked, transposed, interleaved experts). Everything else
+is the
 same name without the leading `model.` (and with the family's `Arch.checkpoint_renames`
 applied: Mixtral's `block_sparse_moe.` is our `mlp.`). A tensor no parameter takes, a
 parameter (or rows of one) no tensor fills, and a tensor of the wrong shape are each an error
-naming it.
+naming it. A config quantized with MXFP4 (`mxfp4.py`) stores a tensor `X` as `X_blocks` and
+`X_scales`: the pair is read as `X`, dequantized.
 
 Files: the shards `model.safetensors.index.json` lists where there is one, else
 `model.safetensors`, else every `*.safetensors` of the folder (a folder may also hold a
@@ -17,12 +21,15 @@ index or the standard name tells apart).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from workers.runner.models import mxfp4
 
 INDEX_FILE = "model.safetensors.index.json"
 # checkpoint names that hold no weights: rotary tables some exports save
@@ -32,11 +39,13 @@ _IGNORED = (".rotary_emb.inv_freq",)
 @dataclass(frozen=True)
 class Slot:
     """Where one checkpoint tensor goes: rows [offset, offset + rows) of a parameter (rows
-    None: the whole parameter; `_destination` says how rows count in 3-d parameters)."""
+    None: the whole parameter; `_destination` says how rows count in 3-d parameters), after
+    `convert` (None: as it is) turns it into the parameter's layout."""
 
     param: str
     offset: int = 0
     rows: int | None = None
+    convert: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -74,6 +83,12 @@ def checkpoint_layout(model: nn.Module) -> dict[str, Slot]:
                 if param in params:
                     layout[f"{path}.{source}.{kind}"] = Slot(param, offset, rows)
                     fused.add(param)
+        conversions = getattr(module, "checkpoint_conversions", None)
+        for source, (target, convert) in (conversions() if conversions else {}).items():
+            param = f"{path}.{target}"
+            if param in params:
+                layout[f"{path}.{source}"] = Slot(param, convert=convert)
+                fused.add(param)
     for name in params:
         if name not in fused:
             layout[name] = Slot(name)
@@ -109,9 +124,16 @@ def load_weights(model: nn.Module, folder: Path) -> None:
     tied = bool(getattr(model, "tie_word_embeddings", False))
     renames = getattr(getattr(model, "arch", None), "checkpoint_renames", ())
     filled: set[str] = set()
-    for file in checkpoint_files(folder):
+    files = checkpoint_files(folder)
+    scales = _mxfp4_scales(files) if mxfp4.quant_method(
+        getattr(model, "config", None)) == mxfp4.METHOD else {}
+    paired = {partner for partner, _ in scales.values()}  # read with their blocks
+    for file in files:
         with safe_open(str(file), framework="pt") as reader:
-            for name in reader.keys():  # noqa: SIM118 - safe_open is not a dict
+            for stored in reader.keys():  # noqa: SIM118 - safe_open is not a dict
+                if stored in paired:
+                    continue
+                name = stored.removesuffix(mxfp4.BLOCKS) if stored in scales else stored
                 key = name.removeprefix("model.")
                 for theirs, ours in renames:
                     key = key.replace(theirs, ours)
@@ -126,11 +148,22 @@ def load_weights(model: nn.Module, folder: Path) -> None:
                 if slot is None:
                     raise ValueError(f"checkpoint {folder}: unexpected tensor {name!r} "
                                      f"({file.name}): the model has no such weight")
-                tensor = reader.get_tensor(name)
+                tensor = reader.get_tensor(stored)
+                if stored in scales:
+                    tensor = _dequantized(folder, stored, tensor, scales[stored])
+                shape = tuple(tensor.shape)
+                if slot.convert is not None:
+                    try:
+                        tensor = slot.convert(tensor)
+                    except RuntimeError as exc:  # a shape the conversion cannot take
+                        raise ValueError(f"checkpoint {folder}: tensor {name!r} of shape "
+                                         f"{shape} cannot be read: {exc}") from exc
                 dest = _destination(params[slot.param], slot)
                 if tuple(tensor.shape) != tuple(dest.shape):
+                    layout_note = "" if slot.convert is None else (
+                        f" ({tuple(tensor.shape)} in the model's layout)")
                     raise ValueError(f"checkpoint {folder}: tensor {name!r} has shape "
-                                     f"{tuple(tensor.shape)}, the model expects "
+                                     f"{shape}{layout_note}, the model expects "
                                      f"{tuple(dest.shape)}")
                 with torch.no_grad():
                     dest.copy_(tensor)
@@ -140,6 +173,31 @@ def load_weights(model: nn.Module, folder: Path) -> None:
         shown = ", ".join(repr(_hf_name(m, renames)) for m in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ValueError(f"checkpoint {folder} lacks weights: {shown}{more}")
+
+
+def _mxfp4_scales(files: list[Path]) -> dict[str, tuple[str, Path]]:
+    """Each `X_blocks` tensor of an MXFP4 checkpoint -> its `X_scales` and that one's file
+    (a shard may split the pair)."""
+    where: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as reader:
+            where.update(dict.fromkeys(reader.keys(), file))
+    pairs = {}
+    for name in where:
+        partner = name.removesuffix(mxfp4.BLOCKS) + mxfp4.SCALES
+        if name.endswith(mxfp4.BLOCKS) and partner in where:
+            pairs[name] = (partner, where[partner])
+    return pairs
+
+
+def _dequantized(folder: Path, name: str, blocks: torch.Tensor,
+                 scales: tuple[str, Path]) -> torch.Tensor:
+    partner, file = scales
+    with safe_open(str(file), framework="pt") as reader:
+        try:
+            return mxfp4.dequantize(blocks, reader.get_tensor(partner))
+        except ValueError as exc:
+            raise ValueError(f"checkpoint {folder}: tensor {name!r}: {exc}") from exc
 
 
 def _destination(param: torch.Tensor, slot: Slot) -> torch.Tensor:

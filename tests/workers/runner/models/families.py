@@ -42,6 +42,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         norm_topk_prob=False, mlp_only_layers=[1], tie_word_embeddings=False)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2,
                                       sliding_window=None)),
+    # 8 experts, top 2, a SwiGLU limit low enough that both clamps bind; YaRN from 64 positions
+    "gpt_oss": ("GptOssConfig", dict(
+        head_dim=16, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2,
+        swiglu_limit=1.5, sliding_window=4096, rope_parameters=dict(
+            rope_type="yarn", factor=4.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+            original_max_position_embeddings=64, rope_theta=150000.0))),
 }
 
 # families whose windows (and Gemma 2's attention soft-capping) bind inside the test's lengths
@@ -51,6 +57,7 @@ WINDOWED: dict[str, dict[str, Any]] = {
     "gemma2": dict(sliding_window=16, attn_logit_softcapping=5.0),
     "gemma3": dict(sliding_window=16),
     "mixtral": dict(sliding_window=16),
+    "gpt_oss": dict(sliding_window=8),  # with attention sinks
 }
 
 
@@ -67,8 +74,10 @@ def build_family(folder: Path, tokenizer, family: str, **overrides: Any):
     model = transformers.AutoModelForCausalLM.from_config(config).float().eval()
     with torch.no_grad():  # HF starts norms at 1 (or 0 for 1 + w) and biases at 0: vary them
         for name, param in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
+            if "norm" in name or name.endswith((".bias", "_bias")):
                 param.add_(torch.randn_like(param) * 0.2)
+            elif name.endswith(".sinks"):  # gpt-oss: sinks as large as the scores, so they count
+                param.normal_(0.0, 2.0)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model

@@ -44,13 +44,14 @@ def test_family_matches_hf(tmp_path, tokenizer, family):
 
 @pytest.mark.parametrize("family", list(WINDOWED))
 def test_sliding_window_family_matches_hf(tmp_path, tokenizer, family):
-    """Prompts and outputs well past a 16-token window (Gemma 2 with attention soft-capping
-    too), prefilled whole and in chunks, decoded past the window."""
+    """Prompts and outputs well past a 16-token window (8 for gpt-oss, with attention sinks;
+    Gemma 2 with attention soft-capping too), prefilled whole and in chunks, decoded past the
+    window."""
     hf = build_family(tmp_path, tokenizer, family, **WINDOWED[family])
     llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24,
               block_size=8, **CPU32)
     windows = [layer.self_attn.window for layer in llm.engine.runner.model.layers]
-    assert 16 in windows
+    assert WINDOWED[family]["sliding_window"] in windows
     prompts = random_prompts(5, seed=2, lo=5, hi=60)
     first = [o.token_ids for o in llm.generate(prompts, greedy(24))]
     assert_greedy_like_hf(hf, prompts, first)
