@@ -95,8 +95,8 @@ FAMILY_SHAPE: dict[str, Any] = {
 # family -> (architecture, its distinctive settings over FAMILY_SHAPE), as its real configs set
 # them. Sliding windows: Mistral 4,096 on every layer and Gemma 2 4,096 on alternate layers
 # never bind on the standard workload (prompt + output <= 768 tokens); Gemma 3's 512 (Gemma 3
-# 1B's) on 5 layers of 6 binds on its longer requests. Gemma 3 has no soft-capping (nor do its
-# real configs): q/k norms instead.
+# 1B's) on 5 layers of 6 binds on its longer requests, and gpt-oss's 128 on alternate layers
+# on most of them. Gemma 3 has no soft-capping (nor do its real configs): q/k norms instead.
 FAMILY_FEATURES: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaForCausalLM", {  # Llama 3's scaled RoPE (its original context < 8,192)
         "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
@@ -133,6 +133,14 @@ FAMILY_FEATURES: dict[str, tuple[str, dict[str, Any]]] = {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 192,
         "sliding_window": None,
         "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    # q/k/v/o biases, attention sinks, gpt-oss's window of 128 on alternate layers and its YaRN;
+    # experts of intermediate_size with biases and the clamped SwiGLU
+    "gpt_oss": ("GptOssForCausalLM", {
+        "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 192,
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 6,
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                            "original_max_position_embeddings": 4096}}),
 }
 MODEL_CONFIGS.update({
     f"family-{family}": {"architecture": architecture, **FAMILY_SHAPE, **features}
