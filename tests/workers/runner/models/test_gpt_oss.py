@@ -379,3 +379,31 @@ def test_a_misshapen_stacked_expert_is_named(tmp_path, tokenizer):
                                          r"\(\(8, 64, 31\) in the model's layout\), the model "
                                          r"expects \(8, 64, 32\)".replace(".", r"\.")):
         LLM(str(tmp_path), kv_cache_memory=4 << 20, **CPU32)
+
+
+# -- engine features ---------------------------------------------------------------------------
+
+def test_speculation_preemption_and_structured_outputs(tmp_path, tokenizer):
+    """Prompt-lookup proposals scored in the flattened batch (chunks after cached context,
+    through the sink path), and preemption by recompute in a pool too small for the batch,
+    give plain greedy's tokens past the window; a grammar masks the vocabulary."""
+    from workers.engine.structured import StructuredOutputs
+
+    build_family(tmp_path, tokenizer, "gpt_oss", **WINDOWED["gpt_oss"])
+    motif = [1000, 2000, 3000, 4000]
+    prompts = [p + motif * 3 for p in random_prompts(6, seed=12, lo=2, hi=20)]
+    sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                              logit_bias={t: 100.0 for t in motif})
+    plain = LLM(str(tmp_path), kv_cache_memory=8 << 20, block_size=8, **CPU32)
+    want = [o.token_ids for o in plain.generate(prompts, sampling)]
+    spec = LLM(str(tmp_path), kv_cache_memory=8 << 20, block_size=8,
+               speculative={"method": "ngram", "num_tokens": 4}, **CPU32)
+    assert [o.token_ids for o in spec.generate(prompts, sampling)] == want
+    assert spec.engine.stats()["spec_accepted_tokens"] > 0
+    block_bytes = 3 * 2 * 2 * 8 * 16 * 4  # layers x (K, V) x KV heads x block x head_dim x 4
+    tight = LLM(str(tmp_path), kv_cache_memory=14 * block_bytes, block_size=8, **CPU32)
+    assert [o.token_ids for o in tight.generate(prompts, sampling)] == want
+    assert tight.engine.scheduler.num_preemptions > 0
+    choice = SamplingParams(temperature=0.0, max_tokens=40,
+                            structured=StructuredOutputs(choice=["yes", "no"]))
+    assert plain.generate([[100, 200, 300]], choice)[0].text in ("yes", "no")
