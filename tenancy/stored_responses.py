@@ -125,7 +125,10 @@ class Keeper:
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
         self._sessionmaker = sessionmaker
         self._spawn = spawn
-        self._writes = _writes.setdefault(sessionmaker, _Writes())
+        writes = _writes.get(sessionmaker)
+        if writes is None:  # the first Keeper of this database (a Keeper is made per use)
+            writes = _writes[sessionmaker] = _Writes()
+        self._writes = writes
 
     def keep(self, *, response_id: str, tenant_id: str, status: str,
              previous_response_id: str | None, body: dict[str, Any], input_items: list[Any],

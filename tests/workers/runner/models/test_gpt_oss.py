@@ -191,20 +191,6 @@ def test_c_decode_equals_torch_decode_in_the_engine(tmp_path, tokenizer):
             [lp.logprob for lp in torch_run.outputs[0].logprobs], abs=1e-4)
 
 
-def test_torch_paths_match_hf(tmp_path, tokenizer):
-    """PyTorch's projections, element-wise ops, decode groups and masked prefill (the CUDA
-    fallbacks), experts one matmul per expert: HF's tokens past the window."""
-    hf = build_family(tmp_path, tokenizer, "gpt_oss", **WINDOWED["gpt_oss"])
-    llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24, block_size=8,
-              linear_backend="torch", elementwise="torch", attention_backend="torch",
-              prefill_attention="masked", **CPU32)
-    for layer in llm.engine.runner.model.layers:
-        assert layer.mlp.tiles is None
-        layer.mlp.kernel = "loop"
-    prompts = random_prompts(4, seed=3, lo=5, hi=50)
-    assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, greedy(20))])
-
-
 # -- experts and RoPE --------------------------------------------------------------------------
 
 KERNELS = ["loop", pytest.param("grouped", marks=pytest.mark.skipif(

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from tests.workers.lora.helpers import make_peft_adapter, peft_model
 from tests.workers.runner.models.families import (
+    WINDOWED,
     assert_greedy_like_hf,
     build_family,
     random_prompts,
@@ -224,10 +225,12 @@ def test_qwen3_moe_renormalised_with_dense_layers_matches_hf(tmp_path, tokenizer
     assert_greedy_like_hf(hf, prompts, [o.token_ids for o in llm.generate(prompts, GREEDY)])
 
 
-def test_moe_on_torch_paths_and_the_loop_kernel(tmp_path, tokenizer):
-    """PyTorch's projections, element-wise ops and attention (the CUDA fallbacks): the experts
-    stay stacked (nothing is packed) and run as one matmul per expert."""
-    hf = build_family(tmp_path, tokenizer, "mixtral")
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_moe_on_torch_paths_and_the_loop_kernel(tmp_path, tokenizer, family):
+    """PyTorch's projections, element-wise ops and attention (the CUDA fallbacks, gpt-oss's
+    sinks in the torch decode groups and masked prefill, past its window): the experts stay
+    stacked (nothing is packed) and run as one matmul per expert."""
+    hf = build_family(tmp_path, tokenizer, family, **WINDOWED.get(family, {}))
     llm = LLM(str(tmp_path), kv_cache_memory=8 << 20, max_num_batched_tokens=24, block_size=8,
               linear_backend="torch", elementwise="torch", attention_backend="torch",
               prefill_attention="masked", **CPU32)
