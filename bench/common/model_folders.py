@@ -133,14 +133,15 @@ FAMILY_FEATURES: dict[str, tuple[str, dict[str, Any]]] = {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 192,
         "sliding_window": None,
         "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
-    # q/k/v/o biases, attention sinks, gpt-oss's window of 128 on alternate layers and its YaRN;
-    # experts of intermediate_size with biases and the clamped SwiGLU
+    # q/k/v/o biases, attention sinks, gpt-oss's window of 128 on alternate layers and its YaRN
+    # (factor 32 over an original length of 8,192 / 32, as the real 131,072 / 4,096); experts
+    # of intermediate_size with biases and the clamped SwiGLU
     "gpt_oss": ("GptOssForCausalLM", {
         "num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 192,
         "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 6,
         "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                            "original_max_position_embeddings": 4096}}),
+                            "original_max_position_embeddings": 256}}),
 }
 MODEL_CONFIGS.update({
     f"family-{family}": {"architecture": architecture, **FAMILY_SHAPE, **features}
