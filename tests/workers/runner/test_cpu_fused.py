@@ -35,11 +35,12 @@ def test_silu_mul_reads_strided_rows():
 
 
 @pytest.mark.parametrize("rows", [1, 3, 129])
+@pytest.mark.parametrize("width", [96, 100])  # 100: a vector build's element tail too
 @pytest.mark.parametrize("march", TARGETS)
-def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows, march):
-    norm = RMSNorm(96, 1e-5)
-    norm.weight.data = torch.randn(96)
-    x, residual = torch.randn(rows, 96), torch.randn(rows, 96) * 3
+def test_add_rms_norm_matches_the_module_and_updates_the_residual(rows, width, march):
+    norm = RMSNorm(width, 1e-5)
+    norm.weight.data = torch.randn(width)
+    x, residual = torch.randn(rows, width), torch.randn(rows, width) * 3
     want_residual = residual + x
     want = norm(want_residual)
     got = cpu_fused.add_rms_norm(x, residual, norm.weight, norm.eps, march=march)
@@ -64,11 +65,11 @@ def test_bfloat16_kernels_compute_in_float32_and_round_once(march):
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), F.silu(gate) * up, rtol=4e-3, atol=1e-5)
 
-    weight = torch.randn(96, generator=gen).bfloat16()
-    x = torch.randn(5, 96, generator=gen).bfloat16()
-    residual = (torch.randn(5, 96, generator=gen) * 3).bfloat16()
+    weight = torch.randn(100, generator=gen).bfloat16()  # 6 vectors of 16 and a tail
+    x = torch.randn(5, 100, generator=gen).bfloat16()
+    residual = (torch.randn(5, 100, generator=gen) * 3).bfloat16()
     want_residual = residual + x  # torch's bfloat16 add: float32 sum, rounded
-    norm = RMSNorm(96, 1e-5)
+    norm = RMSNorm(100, 1e-5)
     norm.weight.data = weight.float()
     want = norm(want_residual.float())
     got = cpu_fused.add_rms_norm(x, residual, weight, 1e-5, march=march)
@@ -86,8 +87,9 @@ def test_bfloat16_kernels_compute_in_float32_and_round_once(march):
 
 
 @pytest.mark.parametrize("march", TARGETS)
-def test_rope_rotates_q_and_k_in_place_and_leaves_v(march):
-    heads, kv_heads, dim, tokens = 4, 2, 32, 6
+@pytest.mark.parametrize("dim", [32, 40])  # 40: halves of 20, a vector build's tail too
+def test_rope_rotates_q_and_k_in_place_and_leaves_v(march, dim):
+    heads, kv_heads, tokens = 4, 2, 6
     cos_table = torch.randn(50, dim // 2)
     sin_table = torch.randn(50, dim // 2)
     positions = torch.tensor([7, 0, 49, 3, 3, 20])

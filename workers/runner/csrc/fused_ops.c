@@ -52,7 +52,8 @@ static inline float silu_times(float g, float u) {
 
 /* With `add`, residual[r] += x[r] first (rounded to T, as the residual stream is stored);
  * then out[r] = residual[r] / rms(residual[r]) * w. Without it, out = rmsnorm(residual)
- * (the first layer: the residual is the embedding). */
+ * (the first layer: the residual is the embedding). Each pass may start with a vector part
+ * (`RMS_*_VECTORS`, AVX-512 builds) that advances `i`; the element loops finish the row. */
 #define DEFINE_ADD_RMS_NORM(T, SUFFIX)                                                        \
     void add_rms_norm_##SUFFIX(const T *x, T *residual, T *out, const T *w, int64_t rows,    \
                                int64_t n, float eps, int add, int threads) {                  \
@@ -61,25 +62,30 @@ static inline float silu_times(float g, float u) {
             T *h = residual + r * n;                                                          \
             T *o = out + r * n;                                                               \
             float squares = 0.0f;                                                             \
+            int64_t i = 0;                                                                    \
+            const T *xr = add ? x + r * n : NULL; /* read only with `add` */                 \
             if (add) {                                                                        \
-                const T *xr = x + r * n;                                                      \
+                RMS_ADD_VECTORS(SUFFIX)                                                       \
                 _Pragma("omp simd reduction(+ : squares)")                                    \
-                for (int64_t i = 0; i < n; i++) {                                             \
-                    store_##SUFFIX(h + i, load_##SUFFIX(h + i) + load_##SUFFIX(xr + i));      \
-                    const float v = load_##SUFFIX(h + i);                                     \
+                for (int64_t j = i; j < n; j++) {                                             \
+                    store_##SUFFIX(h + j, load_##SUFFIX(h + j) + load_##SUFFIX(xr + j));      \
+                    const float v = load_##SUFFIX(h + j);                                     \
                     squares += v * v;                                                         \
                 }                                                                             \
             } else {                                                                          \
+                RMS_SQUARES_VECTORS(SUFFIX)                                                   \
                 _Pragma("omp simd reduction(+ : squares)")                                    \
-                for (int64_t i = 0; i < n; i++) {                                             \
-                    const float v = load_##SUFFIX(h + i);                                     \
+                for (int64_t j = i; j < n; j++) {                                             \
+                    const float v = load_##SUFFIX(h + j);                                     \
                     squares += v * v;                                                         \
                 }                                                                             \
             }                                                                                 \
             const float inv = 1.0f / sqrtf(squares / (float)n + eps);                         \
+            i = 0;                                                                            \
+            RMS_SCALE_VECTORS(SUFFIX)                                                         \
             _Pragma("omp simd")                                                               \
-            for (int64_t i = 0; i < n; i++)                                                   \
-                store_##SUFFIX(o + i, load_##SUFFIX(h + i) * inv * load_##SUFFIX(w + i));     \
+            for (int64_t j = i; j < n; j++)                                                   \
+                store_##SUFFIX(o + j, load_##SUFFIX(h + j) * inv * load_##SUFFIX(w + j));     \
         }                                                                                     \
     }
 
@@ -98,11 +104,13 @@ static inline float silu_times(float g, float u) {
             for (int h = 0; h < heads; h++) {                                                 \
                 T *x1 = x + t * stride + (int64_t)h * dim;                                    \
                 T *x2 = x1 + half;                                                            \
+                int i = 0;                                                                    \
+                ROPE_VECTORS(SUFFIX) /* AVX-512 builds: 16 pairs at a time, the rest below */ \
                 _Pragma("omp simd")                                                           \
-                for (int i = 0; i < half; i++) {                                              \
-                    const float a = load_##SUFFIX(x1 + i), b = load_##SUFFIX(x2 + i);         \
-                    store_##SUFFIX(x1 + i, a * c[i] - b * s[i]);                              \
-                    store_##SUFFIX(x2 + i, b * c[i] + a * s[i]);                              \
+                for (int j = i; j < half; j++) {                                              \
+                    const float a = load_##SUFFIX(x1 + j), b = load_##SUFFIX(x2 + j);         \
+                    store_##SUFFIX(x1 + j, a * c[j] - b * s[j]);                              \
+                    store_##SUFFIX(x2 + j, b * c[j] + a * s[j]);                              \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
@@ -157,10 +165,6 @@ static inline float silu_times(float g, float u) {
         }                                                                                     \
     }
 
-DEFINE_ADD_RMS_NORM(float, f32)
-DEFINE_ADD_RMS_NORM(bf16, bf16)
-DEFINE_ROPE(float, f32)
-DEFINE_ROPE(bf16, bf16)
 DEFINE_STORE_KV(float, f32)
 DEFINE_STORE_KV(bf16, bf16)
 #if defined(__AVX512F__)
@@ -234,12 +238,54 @@ static inline void store16_bf16(bf16 *p, __m512 v) {
                                               load16_##SUFFIX(up + i)));                      \
     }
 
+/* add_rms_norm's vector parts: the residual (rounded to T) and its squares, summed in one
+ * vector, then the scaled row. GCC 12 left the bfloat16 loops scalar: 2,048 x 1,024 took 2.37
+ * ms (7 GB/s) against float32's 0.72 on an AMX Xeon. */
+#define RMS_SQUARES_PART(SUFFIX, ADD)                                                         \
+    {                                                                                         \
+        __m512 sq = _mm512_setzero_ps();                                                      \
+        for (; i + 16 <= n; i += 16) {                                                        \
+            if (ADD)                                                                          \
+                store16_##SUFFIX(h + i, _mm512_add_ps(load16_##SUFFIX(h + i),                 \
+                                                      load16_##SUFFIX(xr + i)));              \
+            const __m512 v = load16_##SUFFIX(h + i);                                          \
+            sq = _mm512_fmadd_ps(v, v, sq);                                                   \
+        }                                                                                     \
+        squares += _mm512_reduce_add_ps(sq);                                                  \
+    }
+#define RMS_ADD_VECTORS(SUFFIX) RMS_SQUARES_PART(SUFFIX, 1)
+#define RMS_SQUARES_VECTORS(SUFFIX) RMS_SQUARES_PART(SUFFIX, 0)
+#define RMS_SCALE_VECTORS(SUFFIX)                                                             \
+    {                                                                                         \
+        const __m512 scale = _mm512_set1_ps(inv);                                             \
+        for (; i + 16 <= n; i += 16)                                                          \
+            store16_##SUFFIX(o + i, _mm512_mul_ps(_mm512_mul_ps(load16_##SUFFIX(h + i), scale), \
+                                                  load16_##SUFFIX(w + i)));                   \
+    }
+
+/* rope's vector part: bfloat16 1.31 -> 0.88 ms for 2,048 tokens of 24 heads of 128 here. */
+#define ROPE_VECTORS(SUFFIX)                                                                  \
+    for (; i + 16 <= half; i += 16) {                                                         \
+        const __m512 a = load16_##SUFFIX(x1 + i), b = load16_##SUFFIX(x2 + i);                \
+        const __m512 ci = _mm512_loadu_ps(c + i), si = _mm512_loadu_ps(s + i);                \
+        store16_##SUFFIX(x1 + i, _mm512_sub_ps(_mm512_mul_ps(a, ci), _mm512_mul_ps(b, si)));  \
+        store16_##SUFFIX(x2 + i, _mm512_add_ps(_mm512_mul_ps(b, ci), _mm512_mul_ps(a, si)));  \
+    }
+
 DEFINE_MOE_SUM_AVX512(float, f32)
 DEFINE_MOE_SUM_AVX512(bf16, bf16)
 #else
+#define ROPE_VECTORS(SUFFIX)
 #define SILU_MUL_VECTORS(SUFFIX)
+#define RMS_ADD_VECTORS(SUFFIX)
+#define RMS_SQUARES_VECTORS(SUFFIX)
+#define RMS_SCALE_VECTORS(SUFFIX)
 DEFINE_MOE_SUM(float, f32)
 DEFINE_MOE_SUM(bf16, bf16)
 #endif
 DEFINE_SILU_MUL(float, f32)
 DEFINE_SILU_MUL(bf16, bf16)
+DEFINE_ADD_RMS_NORM(float, f32)
+DEFINE_ADD_RMS_NORM(bf16, bf16)
+DEFINE_ROPE(float, f32)
+DEFINE_ROPE(bf16, bf16)
