@@ -313,15 +313,6 @@ def test_mxfp4_folder_loads_as_its_dequantized_weights(tmp_path, tokenizer):
 
 # -- refused by name ---------------------------------------------------------------------------
 
-def test_int8_is_refused_by_family_before_any_weight_is_read(tmp_path, tokenizer,
-                                                             monkeypatch):
-    build_family(tmp_path, tokenizer, "gpt_oss")
-    monkeypatch.setattr(weights_module, "safe_open", lambda *a, **k: pytest.fail("read"))
-    with pytest.raises(ValueError, match=r"gpt_oss: quantization 'int8' is not served on "
-                                         r"mixture-of-experts experts"):
-        LLM(str(tmp_path), kv_cache_memory=4 << 20, quantization="int8", **CPU32)
-
-
 def test_another_checkpoint_quantization_is_refused_by_name(tmp_path, tokenizer):
     build_family(tmp_path, tokenizer, "gpt_oss")
     config = json.loads((tmp_path / "config.json").read_text())

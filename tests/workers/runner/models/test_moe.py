@@ -280,11 +280,12 @@ def test_lora_on_attention_equals_peft_and_expert_targets_are_refused(tmp_path, 
         llm.add_lora("b", str(mlp))
 
 
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
 def test_int8_is_refused_by_family_before_any_weight_is_read(tmp_path, tokenizer,
-                                                             monkeypatch):
-    build_family(tmp_path, tokenizer, "mixtral")
+                                                             monkeypatch, family):
+    build_family(tmp_path, tokenizer, family)
     monkeypatch.setattr(weights_module, "safe_open", lambda *a, **k: pytest.fail("read"))
-    with pytest.raises(ValueError, match=r"mixtral: quantization 'int8' is not served on "
+    with pytest.raises(ValueError, match=rf"{family}: quantization 'int8' is not served on "
                                          r"mixture-of-experts experts"):
         LLM(str(tmp_path), kv_cache_memory=4 << 20, quantization="int8", **CPU32)
 
