@@ -149,8 +149,9 @@ def load_weights(model: nn.Module, folder: Path) -> None:
                     raise ValueError(f"checkpoint {folder}: unexpected tensor {name!r} "
                                      f"({file.name}): the model has no such weight")
                 tensor = reader.get_tensor(stored)
-                if stored in scales:
-                    tensor = _dequantized(folder, stored, tensor, scales[stored])
+                if stored in scales:  # straight into the parameter's dtype
+                    tensor = _dequantized(folder, stored, tensor, scales[stored],
+                                          params[slot.param].dtype)
                 shape = tuple(tensor.shape)
                 if slot.convert is not None:
                     try:
@@ -191,11 +192,11 @@ def _mxfp4_scales(files: list[Path]) -> dict[str, tuple[str, Path]]:
 
 
 def _dequantized(folder: Path, name: str, blocks: torch.Tensor,
-                 scales: tuple[str, Path]) -> torch.Tensor:
+                 scales: tuple[str, Path], dtype: torch.dtype) -> torch.Tensor:
     partner, file = scales
     with safe_open(str(file), framework="pt") as reader:
         try:
-            return mxfp4.dequantize(blocks, reader.get_tensor(partner))
+            return mxfp4.dequantize(blocks, reader.get_tensor(partner), dtype)
         except ValueError as exc:
             raise ValueError(f"checkpoint {folder}: tensor {name!r}: {exc}") from exc
 

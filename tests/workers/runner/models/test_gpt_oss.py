@@ -264,6 +264,16 @@ def test_mxfp4_dequantization_equals_transformers():
     ours = mxfp4.dequantize(blocks, scales)
     assert ours.shape == (3, 64, 40)
     assert torch.equal(ours, convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    # straight into bfloat16 (a bfloat16 model's load): the same values, exactly, with the
+    # rows computed in chunks (`_ROWS` cut to 7 here so several chunks and a short last one)
+    wide = torch.randint(0, 256, (2, 23, 3, 16), dtype=torch.uint8, generator=g)
+    wide_scales = torch.randint(100, 150, (2, 23, 3), dtype=torch.uint8, generator=g)
+    whole = mxfp4.dequantize(wide, wide_scales)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mxfp4, "_ROWS", 7)
+        narrow = mxfp4.dequantize(wide, wide_scales, torch.bfloat16)
+        assert torch.equal(mxfp4.dequantize(wide, wide_scales), whole)
+    assert narrow.dtype == torch.bfloat16 and torch.equal(narrow.float(), whole)
     with pytest.raises(ValueError, match="do not match"):
         mxfp4.dequantize(blocks, scales[:, :, :1])
 
@@ -309,6 +319,13 @@ def test_mxfp4_folder_loads_as_its_dequantized_weights(tmp_path, tokenizer):
     assert all(torch.equal(models[0][k], models[1][k]) for k in models[0])
     assert outputs[0] == outputs[1]
     assert_greedy_like_hf(hf, prompts, outputs[0])
+    # a bfloat16 model takes the packed experts straight in its dtype: the same weights
+    halves = [dict(LLM(str(folder), kv_cache_memory=4 << 20, block_size=8,
+                       linear_backend="torch", device="cpu", dtype="bfloat16")
+                   .engine.runner.model.named_parameters()) for folder in (plain, packed)]
+    assert all(v.dtype == torch.bfloat16 for v in halves[1].values() if v.is_floating_point())
+    assert any("experts" in k for k in halves[1])  # the stacked experts among them
+    assert all(torch.equal(halves[0][k], halves[1][k]) for k in halves[0])
 
 
 # -- refused by name ---------------------------------------------------------------------------
