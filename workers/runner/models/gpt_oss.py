@@ -17,7 +17,6 @@ of every MLP:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,8 +24,7 @@ import torch
 from workers.runner.models import mxfp4
 from workers.runner.models.experts import Experts, SparseMoE, scratch
 from workers.runner.models.layers import Arch, layer_windows
-
-Conversion = Callable[[torch.Tensor], torch.Tensor]
+from workers.runner.models.weights import Conversion
 
 
 def _gate_then_up(t: torch.Tensor) -> torch.Tensor:

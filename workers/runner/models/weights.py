@@ -4,13 +4,12 @@ Every checkpoint name maps to one of our parameters, or to rows of one: a module
 `checkpoint_sources()` (attention's q/k/v, the MLP's gate/up, an experts block's experts)
 says which of its checkpoint modules land where in its fused ones; a module with
 `checkpoint_conversions()` names checkpoint tensors stored in another layout and how each is
-turned into its parameter (gpt-oss's stacked, transposed, interleaved experts). Everything else
-is the
-same name without the leading `model.` (and with the family's `Arch.checkpoint_renames`
-applied: Mixtral's `block_sparse_moe.` is our `mlp.`). A tensor no parameter takes, a
-parameter (or rows of one) no tensor fills, and a tensor of the wrong shape are each an error
-naming it. A config quantized with MXFP4 (`mxfp4.py`) stores a tensor `X` as `X_blocks` and
-`X_scales`: the pair is read as `X`, dequantized.
+turned into its parameter (gpt-oss's stacked, transposed, interleaved experts). Everything
+else is the same name without the leading `model.` (and with the family's
+`Arch.checkpoint_renames` applied: Mixtral's `block_sparse_moe.` is our `mlp.`). A tensor no
+parameter takes, a parameter (or rows of one) no tensor fills, and a tensor of the wrong shape
+are each an error naming it. A config quantized with MXFP4 (`mxfp4.py`) stores a tensor `X` as
+`X_blocks` and `X_scales`: the pair is read as `X`, dequantized.
 
 Files: the shards `model.safetensors.index.json` lists where there is one, else
 `model.safetensors`, else every `*.safetensors` of the folder (a folder may also hold a
@@ -36,6 +35,10 @@ INDEX_FILE = "model.safetensors.index.json"
 _IGNORED = (".rotary_emb.inv_freq",)
 
 
+# How a checkpoint tensor stored in another layout becomes its parameter's layout
+Conversion = Callable[[torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where one checkpoint tensor goes: rows [offset, offset + rows) of a parameter (rows
@@ -45,7 +48,7 @@ class Slot:
     param: str
     offset: int = 0
     rows: int | None = None
-    convert: Callable[[torch.Tensor], torch.Tensor] | None = None
+    convert: Conversion | None = None
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
