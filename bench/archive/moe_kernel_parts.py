@@ -10,7 +10,8 @@
   where they run) and float32 blocks (`cpu_moe.grouped_linear`), over three layers' weights
   so each call reads its weights from memory as a decode step does;
 - the element-wise parts around them: the weighted sum of the pairs (`cpu_fused.moe_sum`) and
-  SiLU-and-multiply, bfloat16 and float32.
+  SiLU-and-multiply, bfloat16 and float32; and each layer's residual add with RMSNorm over
+  the hidden rows and RoPE over the q and k heads (16 + 8 of 128), as many tokens.
 
 Prints one line per measurement with the CPU's model and flags; writes nothing. Figures quoted
 in docs/benchmarks-history.md ("Session 5") were taken alternating builds of the C sources.
@@ -105,10 +106,20 @@ def elementwise() -> None:
             index = torch.randperm(tokens * TOP_K).view(tokens, TOP_K)
             weights = torch.rand(tokens, TOP_K)
             gate_up = torch.randn(tokens * TOP_K, 2 * INTER).to(dtype)
+            x, residual = (torch.randn(tokens, HIDDEN).to(dtype) for _ in range(2))
+            norm_weight = torch.randn(HIDDEN).to(dtype)
+            qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM).to(dtype)
+            cos, sin = torch.randn(4096, DIM // 2), torch.randn(4096, DIM // 2)
+            positions = torch.arange(tokens)
             summed = median_ms(functools.partial(cpu_fused.moe_sum, rows, index, weights))
             gated = median_ms(functools.partial(cpu_fused.silu_mul, gate_up))
+            normed = median_ms(functools.partial(cpu_fused.add_rms_norm, x, residual,
+                                                 norm_weight, 1e-6))
+            rotated = median_ms(functools.partial(cpu_fused.rope_, qkv, positions, cos, sin,
+                                                  HEADS + KV_HEADS, DIM))
             print(f"element-wise {str(dtype)[6:]:8s} {tokens:5d} tokens: moe_sum "
-                  f"{summed:.3f} ms  silu_mul {gated:.3f} ms")
+                  f"{summed:.3f} ms  silu_mul {gated:.3f} ms  add_rms_norm {normed:.3f} ms  "
+                  f"rope {rotated:.3f} ms")
 
 
 def main() -> None:

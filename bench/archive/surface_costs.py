@@ -4,7 +4,9 @@
     .venv/bin/python bench/archive/surface_costs.py [--rounds 20000]
 
 1. Parsing the body of `bench/surfaces_overhead.py`'s question on each surface (chat,
-   Messages, Responses), and rendering a 16-token answer whole and as its stream: mean
+   Messages, Responses), and rendering a 16-token answer whole (written with the gateway's
+   JSON codec) and as its stream, and for Messages and Responses the parse with the native
+   body a deployment serving that API is sent (the rest are never sent it): mean
    microseconds of wall time (one thread, nothing else running).
 2. `tenancy.stored_responses.Keeper` on a fresh SQLite file: process CPU per stored response
    when a flush holds 4, 16 or 64 rows (a flush's fixed cost against the cost of a row).
@@ -28,15 +30,18 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import surfaces_overhead as so  # noqa: E402
+from gateway.deployments.native import native_of  # noqa: E402
 from gateway.surfaces import CHAT, MESSAGES, RESPONSES, Surface  # noqa: E402
 from tenancy import service, stored_responses  # noqa: E402
 from tenancy.db import Base, make_engine, make_sessionmaker  # noqa: E402
 from workers.protocol.events import Event, Finished, Opened, TextDelta, Usage  # noqa: E402
 from workers.protocol.render import Fold  # noqa: E402
+from workers.protocol.wire_json import dumps  # noqa: E402
 
 WORDS = ["Hello", " there", ",", " how", " can", " I", " help", " you", " today", "?", " I",
          " am", " a", " mock", " model", "."]
 SURFACES: dict[str, Surface] = {"chat": CHAT, "messages": MESSAGES, "responses": RESPONSES}
+NATIVE = {"messages": "messages", "responses": "responses"}  # surface -> its native API
 
 
 def events() -> Iterator[Event]:
@@ -68,7 +73,7 @@ def surface_costs(rounds: int) -> dict[str, dict[str, float]]:
             for event in events():
                 fold.add(event)
             body = surface.whole(req, fold) if surface.whole else fold.response()
-            return json.dumps(body).encode()
+            return dumps(body)  # the gateway's codec, as it writes the answer
 
         def stream(surface: Surface = surface, raw: bytes = streamed) -> bytes:
             req = surface.parse(raw)
@@ -80,6 +85,10 @@ def surface_costs(rounds: int) -> dict[str, dict[str, float]]:
                                                   rounds), 2),
                      "parse_and_whole_us": round(mean_us(whole, rounds), 2),
                      "parse_and_stream_us": round(mean_us(stream, rounds), 2)}
+        if name in NATIVE:  # the body a deployment serving the API is sent (made only there)
+            out[name]["parse_and_native_body_us"] = round(mean_us(
+                lambda s=surface, r=plain, api=NATIVE[name]: native_of(s.parse(r), {api}),
+                rounds), 2)
     return out
 
 
